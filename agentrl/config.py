@@ -1,0 +1,191 @@
+"""Typed configs: YAML files loaded into dataclasses, with validation that names the file and the key path.
+
+Every config is a (nested) dataclass. ``load(cls, path, overrides)`` reads YAML, applies command-line overrides
+(``key.sub=value``, the value parsed as YAML), and builds ``cls``. Unknown keys, wrong types, missing required
+fields and values outside ``Literal`` choices raise :class:`ConfigError` with ``file: key.path: message``.
+A dataclass may define ``validate(self)`` for cross-field checks; it raises ``ValueError``, which is reported
+with the path of that dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config that does not fit its schema. The message starts with ``source: key.path:``."""
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(tp))
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping ({tp.__name__})"
+    if origin in (list, tuple):
+        return f"a list of {_describe(get_args(tp)[0]) if get_args(tp) else 'values'}"
+    if origin is dict:
+        return "a mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, path: str, src: str) -> Any:
+    def fail(msg: str | None = None) -> ConfigError:
+        return ConfigError(f"{src}: {path or '<root>'}: {msg or f'expected {_describe(tp)}, got {type(value).__name__} {value!r}'}")
+
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise fail()
+        return value
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise fail()
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _convert(value, a, path, src)
+            except ConfigError as e:
+                errors.append(e)
+        raise fail()
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise fail()
+        return _build(tp, value, path, src)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise fail()
+        (item,) = get_args(tp)[:1] or (Any,)
+        out = [_convert(v, item, f"{path}[{i}]", src) for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise fail()
+        kt, vt = get_args(tp) or (Any, Any)
+        return {_convert(k, kt, path, src): _convert(v, vt, f"{path}.{k}", src) for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail()
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail()
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise fail()
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise fail()
+        return value
+    if isinstance(tp, type):
+        if not isinstance(value, tp):
+            raise fail()
+        return value
+    return value
+
+
+def _build(cls: type[T], data: dict[str, Any], path: str, src: str) -> T:
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        sub = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{src}: {sub}: unknown key{hint}; {cls.__name__} has {', '.join(fields)}")
+        kwargs[key] = _convert(value, hints[key], sub, src)
+    for name, f in fields.items():
+        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            sub = f"{path}.{name}" if path else name
+            raise ConfigError(f"{src}: {sub}: required field is missing (expected {_describe(hints[name])})")
+    obj = cls(**kwargs)
+    check = getattr(obj, "validate", None)
+    if callable(check):
+        try:
+            check()
+        except ValueError as e:
+            raise ConfigError(f"{src}: {path or '<root>'}: {e}") from e
+    return obj
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None, source: str = "<dict>") -> T:
+    """Builds ``cls`` from a plain mapping; raises :class:`ConfigError` on any mismatch."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: <root>: expected a mapping, got {type(data).__name__}")
+    return _build(cls, data, "", source)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "<command line>") -> dict[str, Any]:
+    """Returns ``data`` with each ``a.b.c=value`` applied (value parsed as YAML: ``3`` is an int, ``null`` is None)."""
+    data = dict(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{source}: override {item!r} must look like key.sub=value")
+        key, _, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"{source}: override {item!r} has an empty key")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{source}: override {item!r}: value is not valid YAML: {e}") from e
+        node = data
+        for p in parts[:-1]:
+            child = node.get(p)
+            child = dict(child) if isinstance(child, dict) else {}
+            node[p] = child
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load(cls: type[T], path: str | os.PathLike, overrides: list[str] | None = None) -> T:
+    """Reads the YAML file at ``path``, applies ``overrides``, and returns a validated ``cls``."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read config: {e.strerror}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML: {e}") from e
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: <root>: expected a mapping, got {type(data).__name__}")
+    data = apply_overrides(data, overrides or [])
+    return from_dict(cls, data, str(p))
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """Returns a dataclass config as plain data (for saving next to checkpoints)."""
+    return dataclasses.asdict(obj)

@@ -1,0 +1,220 @@
+"""The text-environment contract.
+
+An agentrl env is a :class:`gymnasium.Env` whose actions are the model's text and whose observations are chat
+messages: ``reset`` returns the conversation's opening messages and ``step`` returns the messages to append.
+Envs are async-first: the manager drives ``areset``/``astep``/``aclose``. A sync-only env inherits async methods
+that run its sync methods in a bounded thread pool, never on the event loop; an env that does real I/O (sandboxes,
+HTTP tools) overrides the async methods natively.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import string
+from typing import Any, Callable, SupportsFloat, TypeVar, Union
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+Message = dict[str, Any]
+"""A chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": str}`` (tool messages may carry
+``name``)."""
+
+Observation = Union[str, list[Message]]
+"""What ``reset``/``step`` return as ``obs``: the messages the env adds to the conversation (a bare string means
+one user message)."""
+
+StepResult = tuple[Observation, SupportsFloat, bool, bool, dict[str, Any]]
+
+T = TypeVar("T")
+
+
+class TextSpace(spaces.Space[str]):
+    """Any Python ``str``, of any length and alphabet (gymnasium's ``Text`` space limits both).
+
+    ``sample()`` returns a short random printable string drawn from the space's own RNG.
+    """
+
+    def __init__(self, max_sample_length: int = 32, seed: int | np.random.Generator | None = None):
+        self.max_sample_length = max_sample_length
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        n = int(self.np_random.integers(0, self.max_sample_length + 1))
+        alphabet = string.ascii_letters + string.digits + " .,:;!?-_()<>{}[]\"'\n"
+        idx = self.np_random.integers(0, len(alphabet), size=n)
+        return "".join(alphabet[i] for i in idx)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str)
+
+    def __repr__(self) -> str:
+        return "TextSpace()"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, TextSpace)
+
+
+class MessagesSpace(spaces.Space[list]):
+    """A list of chat messages (dicts with a ``role`` and a ``content`` string), or a bare string.
+
+    ``sample()`` returns one user message with random text.
+    """
+
+    ROLES = ("system", "user", "assistant", "tool")
+
+    def __init__(self, seed: int | np.random.Generator | None = None):
+        self._text = TextSpace()
+        super().__init__(shape=None, dtype=None, seed=seed)
+
+    def seed(self, seed: int | None = None) -> int | list[int]:
+        out = super().seed(seed)
+        self._text.seed(int(self.np_random.integers(2**31)))
+        return out
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        return [{"role": "user", "content": self._text.sample()}]
+
+    def contains(self, x: Any) -> bool:
+        if isinstance(x, str):
+            return True
+        if not isinstance(x, (list, tuple)):
+            return False
+        return all(
+            isinstance(m, dict) and m.get("role") in self.ROLES and isinstance(m.get("content"), str) for m in x
+        )
+
+    def __repr__(self) -> str:
+        return "MessagesSpace()"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, MessagesSpace)
+
+
+def as_messages(obs: Observation) -> list[Message]:
+    """Returns ``obs`` as a list of messages (a bare string becomes one user message)."""
+    if isinstance(obs, str):
+        return [{"role": "user", "content": obs}]
+    return list(obs)
+
+
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def set_sync_env_threads(n: int) -> None:
+    """Bounds the thread pool that runs sync-only envs (default ``AGENTRL_ENV_THREADS`` or 32)."""
+    global _executor
+    old, _executor = _executor, concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="agentrl-env")
+    if old is not None:
+        old.shutdown(wait=False)
+
+
+async def run_sync(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Runs a blocking ``fn(*args, **kwargs)`` in the bounded env thread pool and returns its result."""
+    if _executor is None:
+        set_sync_env_threads(int(os.environ.get("AGENTRL_ENV_THREADS", "32")))
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_executor, lambda: fn(*args, **kwargs))
+
+
+class Env(gymnasium.Env[Observation, str]):
+    """Base class of text environments.
+
+    Subclasses implement ``reset`` and ``step`` (sync), or ``areset`` and ``astep`` (async), or both.
+    Contract:
+
+    - ``reset(*, seed=None, options=None) -> (obs, info)``: ``obs`` holds the opening messages (system prompt
+      and task). The same seed gives the same episode; all randomness comes from ``self.np_random``.
+    - ``step(action: str) -> (obs, reward, terminated, truncated, info)``: ``obs`` holds the messages to append
+      after the agent's turn. An invalid action is part of the game: it gets an observation that says what was
+      wrong and the reward documented by the env, never an exception.
+    - ``aclose()`` releases everything the env holds (sandboxes, sockets); it is safe to call twice.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+    observation_space: spaces.Space = MessagesSpace()
+    action_space: spaces.Space = TextSpace()
+    #: A one-line description shown by ``agentrl envs list``.
+    description: str = ""
+
+    def __init__(self) -> None:
+        # Fresh instances per env: gymnasium seeds spaces in place.
+        self.observation_space = MessagesSpace()
+        self.action_space = TextSpace()
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        """Async ``reset``; by default runs ``reset`` in the env thread pool."""
+        return await run_sync(self.reset, seed=seed, options=options)
+
+    async def astep(self, action: str) -> StepResult:
+        """Async ``step``; by default runs ``step`` in the env thread pool."""
+        return await run_sync(self.step, action)
+
+    async def aclose(self) -> None:
+        """Async ``close``; by default runs ``close`` in the env thread pool."""
+        await run_sync(self.close)
+
+
+class Wrapper(gymnasium.Wrapper[Observation, str, Observation, str]):
+    """A gymnasium wrapper that forwards the async methods too."""
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        return await self.env.areset(seed=seed, options=options)
+
+    async def astep(self, action: str) -> StepResult:
+        return await self.env.astep(action)
+
+    async def aclose(self) -> None:
+        await self.env.aclose()
+
+    @property
+    def description(self) -> str:
+        return getattr(self.env, "description", "")
+
+
+class TimeLimit(Wrapper):
+    """Truncates an episode after ``max_episode_steps`` steps (sync and async paths alike).
+
+    ``info["TimeLimit.truncated"]`` is set when this wrapper truncated the episode.
+    """
+
+    def __init__(self, env: gymnasium.Env, max_episode_steps: int):
+        super().__init__(env)
+        if max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
+        self.max_episode_steps = max_episode_steps
+        self._elapsed = 0
+
+    def _limit(self, result: StepResult) -> StepResult:
+        obs, reward, terminated, truncated, info = result
+        self._elapsed += 1
+        if self._elapsed >= self.max_episode_steps and not terminated and not truncated:
+            truncated = True
+            info = dict(info, **{"TimeLimit.truncated": True})
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        self._elapsed = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action: str) -> StepResult:
+        return self._limit(self.env.step(action))
+
+    async def areset(self, **kwargs):
+        self._elapsed = 0
+        return await self.env.areset(**kwargs)
+
+    async def astep(self, action: str) -> StepResult:
+        return self._limit(await self.env.astep(action))
+

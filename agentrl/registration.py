@@ -1,0 +1,149 @@
+"""Registering and making environments, on top of gymnasium's registry.
+
+``agentrl.register`` adds to ``gymnasium.registry`` (so ``gymnasium.make(id)`` works too) but refuses duplicate
+ids; ``agentrl.make`` instantiates without gymnasium's passive checker and returns an env whose async methods work
+through the (async-aware) :class:`agentrl.core.TimeLimit`.
+
+Third-party packages make their envs available by declaring an entry point in the group ``agentrl.envs``::
+
+    [project.entry-points."agentrl.envs"]
+    mypkg = "mypkg.envs:register_envs"     # a callable, called with no arguments, or a module to import
+
+Every such entry point is loaded once, when agentrl is imported.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import warnings
+from typing import Any
+
+import gymnasium
+from gymnasium.envs.registration import EnvSpec
+
+from agentrl.core import TimeLimit
+
+ENTRY_POINT_GROUP = "agentrl.envs"
+
+
+class RegistrationError(ValueError):
+    """Raised for a duplicate or unknown env id, or a bad entry point."""
+
+
+def register(
+    id: str,
+    entry_point: str | Any,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    max_episode_steps: int | None = None,
+    description: str | None = None,
+) -> EnvSpec:
+    """Registers an env id and returns its gymnasium ``EnvSpec``.
+
+    ``entry_point`` is ``"package.module:Class"`` (imported lazily) or a callable. Raises
+    :class:`RegistrationError` if ``id`` is already registered.
+    """
+    if id in gymnasium.registry:
+        raise RegistrationError(f"env id {id!r} is already registered (entry point {gymnasium.registry[id].entry_point!r})")
+    if isinstance(entry_point, str) and ":" not in entry_point:
+        raise RegistrationError(f"entry_point for {id!r} must look like 'package.module:Class', got {entry_point!r}")
+    gymnasium.register(
+        id=id,
+        entry_point=entry_point,
+        kwargs=dict(kwargs or {}),
+        max_episode_steps=max_episode_steps,
+        disable_env_checker=True,
+        order_enforce=False,
+        additional_wrappers=(),
+    )
+    _agentrl_ids.add(id)
+    if description is not None:
+        _descriptions[id] = description
+    return gymnasium.registry[id]
+
+
+_descriptions: dict[str, str] = {}
+_agentrl_ids: set[str] = set()
+
+
+def spec(id: str) -> EnvSpec:
+    """Returns the ``EnvSpec`` of ``id``; raises :class:`RegistrationError` naming the closest ids if unknown."""
+    if id not in gymnasium.registry:
+        close = difflib.get_close_matches(id, list(gymnasium.registry), n=3, cutoff=0.4)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise RegistrationError(f"unknown env id {id!r}{hint} (see `agentrl envs list`)")
+    return gymnasium.registry[id]
+
+
+def make(id: str, **kwargs: Any) -> gymnasium.Env:
+    """Instantiates the env registered as ``id`` with the registered kwargs updated by ``kwargs``.
+
+    ``max_episode_steps`` (a kwarg, or the registered value) wraps the env in :class:`agentrl.core.TimeLimit`.
+    Returns the env (wrapped or not); its ``areset``/``astep``/``aclose`` work either way.
+    """
+    s = spec(id)
+    max_steps = kwargs.pop("max_episode_steps", s.max_episode_steps)
+    ep = s.entry_point
+    if isinstance(ep, str):
+        module, _, attr = ep.partition(":")
+        try:
+            ep = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise RegistrationError(f"cannot load entry point {s.entry_point!r} of {id!r}: {e}") from e
+    env = ep(**{**s.kwargs, **kwargs})
+    if getattr(env, "spec", None) is None:
+        try:
+            env.spec = s
+        except AttributeError:
+            pass
+    if max_steps:
+        env = TimeLimit(env, max_steps)
+    return env
+
+
+def description(id: str) -> str:
+    """Returns the one-line description of ``id``: the registered one, else the class's ``description`` or the
+    first line of its docstring (the class is imported)."""
+    if id in _descriptions:
+        return _descriptions[id]
+    ep = spec(id).entry_point
+    try:
+        if isinstance(ep, str):
+            module, _, attr = ep.partition(":")
+            ep = getattr(importlib.import_module(module), attr)
+        text = getattr(ep, "description", "") or (ep.__doc__ or "")
+    except Exception as e:  # a broken plugin must not break the listing
+        return f"<cannot import: {e}>"
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def registered_ids(namespace: str | None = None) -> list[str]:
+    """Returns the sorted ids registered through agentrl (built-in and plugins), or those of ``namespace``."""
+    ids = sorted(i for i in gymnasium.registry if i in _agentrl_ids)
+    if namespace is not None:
+        ids = [i for i in ids if gymnasium.registry[i].namespace == namespace]
+    return ids
+
+
+_plugins_loaded = False
+
+
+def load_plugins() -> list[str]:
+    """Loads every ``agentrl.envs`` entry point once; returns the names loaded. A broken plugin warns, never
+    raises, so one bad package cannot make agentrl unimportable."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return []
+    _plugins_loaded = True
+    loaded = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if callable(obj):
+                obj()
+            loaded.append(ep.name)
+        except Exception as e:
+            warnings.warn(f"agentrl: env plugin {ep.name!r} ({ep.value}) failed to load: {e}", RuntimeWarning, stacklevel=2)
+    return loaded

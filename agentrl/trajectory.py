@@ -1,0 +1,101 @@
+"""The trajectory record: the one data type that the manager, the agent loop, the buffer and the trainer pass.
+
+Token-level fields are aligned: ``len(token_ids) == len(loss_mask) == len(logprobs) == len(versions)``.
+``loss_mask[i] == 1`` exactly on tokens the policy generated; on those, ``logprobs[i]`` is the behavior
+log-probability reported by the engine and ``versions[i]`` the policy version that produced the token. On every
+other token (prompt, chat template, env messages) ``logprobs[i] == 0.0`` and ``versions[i] == -1``.
+A trajectory may span weight updates, so versions can differ within one trajectory; the version range is derived
+from them, never stored instead of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+TerminationReason = Literal["terminated", "truncated", "error", "cancelled"]
+TERMINATION_REASONS: tuple[str, ...] = ("terminated", "truncated", "error", "cancelled")
+
+
+@dataclass
+class Trajectory:
+    id: str
+    group_id: str
+    env_id: str
+    seed: int | None = None
+    task: Any = None
+    # Token-level, aligned (see module docstring). Empty for text-only policies.
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    prompt_len: int = 0  # tokens of the opening messages (always loss_mask 0)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)  # one per env step
+    reward: float = 0.0  # final (episode) reward used for advantages
+    termination: TerminationReason = "terminated"
+    error: str | None = None
+    num_turns: int = 0
+    # Seconds: env_s (in reset/step), policy_s (waiting for actions), queue_s (created -> first reset),
+    # total_s (created -> finished).
+    timings: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.termination not in TERMINATION_REASONS:
+            raise ValueError(f"termination must be one of {TERMINATION_REASONS}, got {self.termination!r}")
+
+    def validate(self) -> None:
+        """Raises ``ValueError`` if the token-level fields break the alignment invariants."""
+        n = len(self.token_ids)
+        for name in ("loss_mask", "logprobs", "versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"trajectory {self.id}: len({name})={len(getattr(self, name))} != len(token_ids)={n}")
+        for i, (m, v) in enumerate(zip(self.loss_mask, self.versions)):
+            if m not in (0, 1):
+                raise ValueError(f"trajectory {self.id}: loss_mask[{i}]={m} is not 0/1")
+            if m == 1 and v < 0:
+                raise ValueError(f"trajectory {self.id}: generated token {i} has no policy version")
+            if m == 0 and v != -1:
+                raise ValueError(f"trajectory {self.id}: non-generated token {i} has version {v} (must be -1)")
+
+    @property
+    def num_generated(self) -> int:
+        return sum(self.loss_mask)
+
+    def version_range(self) -> tuple[int, int] | None:
+        """Returns (oldest, newest) version over the generated tokens, or None if none was generated."""
+        vs = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        return (min(vs), max(vs)) if vs else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=str)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown trajectory fields: {sorted(unknown)}")
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, line: str) -> "Trajectory":
+        return cls.from_dict(json.loads(line))
+
+
+@dataclass
+class Group:
+    """``group_size`` finished trajectories that share a task and seed (for group-relative advantages)."""
+
+    id: str
+    trajectories: list[Trajectory]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]

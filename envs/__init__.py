@@ -1,0 +1,1 @@
+"""Built-in environments, registered under the ``agentrl/`` namespace."""

@@ -1,0 +1,1 @@
+"""Sandbox backends (docker, bwrap) for envs that run commands."""

