@@ -1,0 +1,79 @@
+"""The one async interface every inference backend implements (in-process vLLM, remote vLLM servers, fakes).
+
+Token-in/token-out: prompts are token ids, outputs are token ids with the behavior log-probability of each and the
+policy (weight) version that produced each. The agent loop never decodes and re-encodes generated tokens.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass
+class SamplingParams:
+    """Sampling for one turn. ``max_tokens`` bounds this turn's generated tokens."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class Generation:
+    """The tokens one request generated. Aligned: ``len(token_ids) == len(logprobs) == len(versions)``.
+
+    ``finish_reason == "abort"`` means generation was cut short (a weight update in ``abort`` mode, or
+    :meth:`InferenceEngine.abort`); the tokens so far are valid and carry the version that produced them, and
+    the caller may resubmit ``prompt + token_ids`` to continue.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+    stop_reason: Any = None  # the stop string or token that ended generation, if any
+
+
+class InferenceEngine(abc.ABC):
+    """An async generator of tokens with versioned weights."""
+
+    @abc.abstractmethod
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None
+    ) -> Generation:
+        """Generates a continuation of ``prompt_ids``. ``session_id`` (a trajectory id) lets backends with several
+        servers route every turn of a trajectory to the same server (prefix-cache reuse)."""
+
+    @abc.abstractmethod
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Pauses generation (per the backend's pause mode), loads ``state_dict`` (name -> tensor, the trainer's
+        parameter names), sets the version to ``version`` and resumes. Returns when new requests use the new
+        weights."""
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """The weight version new tokens are generated with."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stops one request; its ``generate`` returns with ``finish_reason == "abort"``."""
+
+    async def close(self) -> None:
+        """Shuts the backend down; idempotent."""
