@@ -183,13 +183,15 @@ class Wrapper(gymnasium.Wrapper[Observation, str, Observation, str]):
         return getattr(self.env, "description", "")
 
 
-class TimeLimit(Wrapper):
+class TimeLimit(Wrapper, gymnasium.utils.RecordConstructorArgs):
     """Truncates an episode after ``max_episode_steps`` steps (sync and async paths alike).
 
     ``info["TimeLimit.truncated"]`` is set when this wrapper truncated the episode.
     """
 
     def __init__(self, env: gymnasium.Env, max_episode_steps: int):
+        # Recorded so that ``env.spec.make()`` can rebuild the wrapped env (gymnasium's check_env does).
+        gymnasium.utils.RecordConstructorArgs.__init__(self, max_episode_steps=max_episode_steps)
         super().__init__(env)
         if max_episode_steps < 1:
             raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")

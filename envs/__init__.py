@@ -1,1 +1,86 @@
-"""Built-in environments, registered under the ``agentrl/`` namespace."""
+"""Built-in environments, registered under the ``agentrl/`` namespace.
+
+======================== ============================================ ==================
+id                       class                                        TimeLimit (steps)
+======================== ============================================ ==================
+agentrl/FrozenLake-v0    agentrl.envs.frozenlake:FrozenLakeEnv        20
+agentrl/GuessNumber-v0   agentrl.envs.guess_number:GuessNumberEnv     none (guess budget)
+agentrl/Arithmetic-v0    agentrl.envs.arithmetic:ArithmeticEnv        none (single turn)
+agentrl/ToolUse-v0       agentrl.envs.tool_use:ToolUseEnv             8
+======================== ============================================ ==================
+
+Every built-in env class has a scripted solver, ``Class.solve(conversation) -> action`` (also a module-level
+``solve``): a deterministic policy that plays from the text observations alone, for tests, demos and warm-start
+demonstrations. :func:`solver_for` finds it from an id, :func:`scripted_policy` wraps it as an
+``agentrl.policy.ScriptedPolicy``.
+
+This module is imported by ``import agentrl``: it must stay light (the env modules are imported lazily by
+``agentrl.make``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import gymnasium
+
+from agentrl.registration import register, spec
+
+BUILTINS: dict[str, dict[str, Any]] = {
+    "agentrl/FrozenLake-v0": {
+        "entry_point": "agentrl.envs.frozenlake:FrozenLakeEnv",
+        "max_episode_steps": 20,
+        "description": "Grid puzzle (4x4, not slippery): walk P to G avoiding holes H; moves up/down/left/right.",
+    },
+    "agentrl/GuessNumber-v0": {
+        "entry_point": "agentrl.envs.guess_number:GuessNumberEnv",
+        "description": "Guess a secret number in 1..16 from higher/lower feedback, within 6 guesses.",
+    },
+    "agentrl/Arithmetic-v0": {
+        "entry_point": "agentrl.envs.arithmetic:ArithmeticEnv",
+        "description": "Single-turn arithmetic generated from the seed; answer in \\boxed{}, reward 1 if exact.",
+    },
+    "agentrl/ToolUse-v0": {
+        "entry_point": "agentrl.envs.tool_use:ToolUseEnv",
+        "max_episode_steps": 8,
+        "description": "Answer questions about a hidden people table with lookup and calculator tool calls.",
+    },
+}
+
+
+def _register_builtins() -> None:
+    for env_id, fields in BUILTINS.items():
+        existing = gymnasium.registry.get(env_id)
+        if existing is not None and existing.entry_point == fields["entry_point"]:
+            continue  # this module was imported again (e.g. reloaded): nothing new to register
+        register(env_id, **fields)
+
+
+_register_builtins()
+
+
+def solver_for(env_id: str) -> Callable[[list[dict[str, Any]]], str]:
+    """Returns the scripted solver ``solve(conversation) -> action`` of the env class registered as ``env_id``.
+
+    Raises ``agentrl.RegistrationError`` for an unknown id and ``LookupError`` if the class has no ``solve``.
+    """
+    entry_point = spec(env_id).entry_point
+    if isinstance(entry_point, str):
+        module, _, attr = entry_point.partition(":")
+        entry_point = getattr(importlib.import_module(module), attr)
+    solve = getattr(entry_point, "solve", None)
+    if not callable(solve):
+        raise LookupError(f"env {env_id!r} ({entry_point!r}) has no scripted solver (a callable 'solve' attribute)")
+    return solve
+
+
+def scripted_policy(env_id: str):
+    """Returns an ``agentrl.policy.ScriptedPolicy`` that plays ``env_id`` with its scripted solver."""
+    from agentrl.policy import ScriptedPolicy
+
+    solve = solver_for(env_id)
+    return ScriptedPolicy(lambda conversation, meta: solve(conversation))
+
+
+__all__ = ["BUILTINS", "solver_for", "scripted_policy"]

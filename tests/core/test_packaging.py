@@ -15,11 +15,13 @@ def test_every_package_dir_is_listed():
     listed = set(cfg["packages"])
     found = set()
     for name, base in ROOTS.items():
-        for init in base.rglob("__init__.py"):
-            rel = init.parent.relative_to(base)
-            if "__pycache__" in rel.parts or any(p.startswith(".") for p in rel.parts):
-                continue
-            found.add(".".join([name, *rel.parts]))
+        # A package is a directory with __init__.py whose parents up to the root are packages too; Python
+        # files deeper down (e.g. repositories shipped as data) are not packages.
+        stack = [base]
+        while stack:
+            d = stack.pop()
+            found.add(".".join([name, *d.relative_to(base).parts]))
+            stack += [c for c in d.iterdir() if c.is_dir() and (c / "__init__.py").exists() and (c != ROOT / "agentrl" / "envs")]
     assert found - listed == set(), "add these to [tool.setuptools] packages"
     assert listed - found == set(), "listed packages with no directory"
 

@@ -1,0 +1,185 @@
+"""``agentrl envs list`` and ``agentrl envs check ID...|--all``.
+
+``check`` runs, per env: ``agentrl.make``, gymnasium's ``check_env`` on the unwrapped env (any warning it raises
+counts as a failure), a seeded episode through the registered wrappers whose actions alternate between
+``env.action_space.sample()`` and the env's scripted solver (random text alone when it has none; every returned
+value is checked against the spaces and types), the async path (``areset`` must give the same opening as
+``reset`` for the same seed, then one ``astep``), and, if the env has a scripted solver, one solver episode whose
+return is reported. It prints one ``PASS``/``FAIL`` line per env and returns 1 if any env failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import re
+import warnings
+from typing import Any
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("envs", help="list and check the registered environments")
+    sub = parser.add_subparsers(dest="envs_command", metavar="ACTION")
+    parser.set_defaults(func=lambda args: _usage(parser))
+
+    p_list = sub.add_parser("list", help="print the registered env ids with one-line descriptions")
+    p_list.add_argument("--namespace", help="only ids of this namespace (e.g. agentrl)")
+    p_list.set_defaults(func=_list)
+
+    p_check = sub.add_parser("check", help="run gymnasium's checker and a seeded random-action episode per env")
+    p_check.add_argument("ids", nargs="*", metavar="ID", help="env ids to check")
+    p_check.add_argument("--all", action="store_true", help="check every registered env")
+    p_check.add_argument("--seed", type=int, default=0, help="seed of the episodes (default 0)")
+    p_check.add_argument("--max-steps", type=int, default=50, help="step cap of the random episode (default 50)")
+    p_check.set_defaults(func=_check)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _list(args: argparse.Namespace) -> int:
+    from agentrl.registration import description, registered_ids
+
+    ids = registered_ids(args.namespace)
+    if not ids:
+        print("no environments registered" + (f" in namespace {args.namespace!r}" if args.namespace else ""))
+        return 0
+    width = max(len(i) for i in ids)
+    for env_id in ids:
+        print(f"{env_id:<{width}}  {description(env_id)}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from agentrl.registration import registered_ids
+
+    if args.all and args.ids:
+        print("agentrl envs check: give env ids or --all, not both")
+        return 2
+    ids = registered_ids() if args.all else list(args.ids)
+    if not ids:
+        print("agentrl envs check: give one or more env ids, or --all")
+        return 2
+    width = max(len(i) for i in ids)
+    failed = 0
+    for env_id in ids:
+        ok, detail = check_env_id(env_id, seed=args.seed, max_steps=args.max_steps)
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {env_id:<{width}}  {detail}", flush=True)
+    print(f"{len(ids) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+class _CheckFailed(Exception):
+    pass
+
+
+def check_env_id(env_id: str, *, seed: int = 0, max_steps: int = 50) -> tuple[bool, str]:
+    """Checks one registered env; returns ``(ok, detail)``. Never raises for a broken env: the exception
+    becomes the detail, prefixed by the stage that failed."""
+    import agentrl
+
+    stage = "make"
+    notes: list[str] = []
+    env = None
+    try:
+        env = agentrl.make(env_id)
+        stage = "check_env"
+        _gymnasium_check(env.unwrapped)
+        notes.append("check_env ok")
+        stage = "random episode"
+        notes.append(_random_episode(env, seed, max_steps))
+        solve = getattr(env.unwrapped, "solve", None)
+        if callable(solve):
+            stage = "solver episode"
+            from agentrl.envs.utils import play_episode
+
+            result = play_episode(env, solve, seed=seed, max_steps=max_steps)
+            notes.append(f"solver: return {result.total_reward:g} in {_steps(result.steps)}")
+        stage = "async"  # last: it ends with aclose()
+        asyncio.run(_async_check(env, seed))
+        notes.append("async ok")
+        return True, "; ".join(notes)
+    except Exception as e:  # the command reports every failure, whatever raised it
+        text = _ANSI_RE.sub("", str(e)).strip().splitlines()
+        kind = "" if isinstance(e, _CheckFailed) else f"{type(e).__name__}: "
+        return False, f"{stage}: {kind}{text[0] if text else ''}"
+    finally:
+        if env is not None:
+            try:
+                env.close()
+            except Exception:
+                pass
+
+
+def _gymnasium_check(env: Any) -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env, skip_render_check=True)
+    if caught:
+        raise _CheckFailed("; ".join(_ANSI_RE.sub("", str(w.message)).replace("WARN: ", "").strip() for w in caught))
+
+
+def _check_step(env: Any, step: int, result: Any) -> tuple[float, bool, bool]:
+    if not isinstance(result, tuple) or len(result) != 5:
+        raise _CheckFailed(f"step {step}: step() must return a 5-tuple, got {type(result).__name__}")
+    obs, reward, terminated, truncated, info = result
+    if obs not in env.observation_space:
+        raise _CheckFailed(f"step {step}: observation not in the observation space: {obs!r:.80}")
+    try:
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise _CheckFailed(f"step {step}: reward {reward!r} is not a number") from None
+    if not math.isfinite(reward):
+        raise _CheckFailed(f"step {step}: reward {reward!r} is not finite")
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, bool):
+            raise _CheckFailed(f"step {step}: {name} must be a bool, got {type(flag).__name__}")
+    if not isinstance(info, dict):
+        raise _CheckFailed(f"step {step}: info must be a dict, got {type(info).__name__}")
+    return reward, terminated, truncated
+
+
+def _random_episode(env: Any, seed: int, max_steps: int) -> str:
+    from agentrl.core import as_messages
+
+    solve = getattr(env.unwrapped, "solve", None)
+    env.action_space.seed(seed)
+    obs, info = env.reset(seed=seed)
+    if obs not in env.observation_space or not isinstance(info, dict):
+        raise _CheckFailed("reset() returned an observation outside the space or a non-dict info")
+    conversation = as_messages(obs)
+    total, end = 0.0, f"stopped at the {max_steps}-step cap"
+    for step in range(1, max_steps + 1):
+        # Odd steps: random text; even steps: the scripted solver's (valid) action, if there is a solver.
+        action = solve(list(conversation)) if callable(solve) and step % 2 == 0 else env.action_space.sample()
+        conversation.append({"role": "assistant", "content": action})
+        result = env.step(action)
+        reward, terminated, truncated = _check_step(env, step, result)
+        total += reward
+        conversation.extend(as_messages(result[0]))
+        if terminated or truncated:
+            end = "terminated" if terminated else "truncated"
+            break
+    return f"random episode: {_steps(step)}, return {total:g}, {end}"
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+async def _async_check(env: Any, seed: int) -> None:
+    sync_obs, _ = env.reset(seed=seed)
+    async_obs, _ = await env.areset(seed=seed)
+    if sync_obs != async_obs:
+        raise _CheckFailed("areset(seed) and reset(seed) gave different observations")
+    env.action_space.seed(seed)
+    _check_step(env, 1, await env.astep(env.action_space.sample()))
+    await env.aclose()
