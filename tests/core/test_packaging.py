@@ -21,7 +21,7 @@ def test_every_package_dir_is_listed():
         while stack:
             d = stack.pop()
             found.add(".".join([name, *d.relative_to(base).parts]))
-            stack += [c for c in d.iterdir() if c.is_dir() and (c / "__init__.py").exists() and (c != ROOT / "agentrl" / "envs")]
+            stack += [c for c in d.iterdir() if c.is_dir() and (c / "__init__.py").exists()]
     assert found - listed == set(), "add these to [tool.setuptools] packages"
     assert listed - found == set(), "listed packages with no directory"
 
