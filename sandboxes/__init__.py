@@ -1,1 +1,104 @@
-"""Sandbox backends (docker, bwrap) for envs that run commands."""
+"""Sandboxes for envs that run commands: a Docker backend and a bubblewrap backend behind one async API.
+
+Quick use (the SWE-env pattern: a fresh sandbox per episode, a repo in the work dir, shell commands, a diff)::
+
+    from agentrl.sandboxes import SandboxSpec, SandboxPool, create_sandbox
+
+    spec = SandboxSpec(backend="docker", image="agentrl-base:latest")   # or backend="bwrap": same image name
+    async with create_sandbox(spec) as sb:                              # start() ... stop()
+        await sb.upload("/path/to/repo", "/workspace")                  # host dir -> sandbox dir
+        res = await sb.exec("python3 -m pytest -q", timeout=60)         # ExecResult
+        res.output, res.exit_code, res.timed_out, res.truncated, res.duration
+        await sb.write_file("src/x.py", "print(1)\\n")                   # relative paths: under spec.workdir
+        data: bytes = await sb.read_file("src/x.py")
+        diff = (await sb.exec("git diff", timeout=30)).output
+        await sb.download("/workspace/out", "/host/dir")
+
+    pool = SandboxPool(max_alive=64, create_rate=20)                     # bounded, rate-limited, retrying
+    async with pool.acquire(spec) as sb: ...                             # reuse=True: warm sandbox, reset on release
+    await pool.close()
+
+Public API
+- ``SandboxSpec(backend="docker"|"bwrap", image="agentrl-base:latest", root=None, workdir="/workspace",
+  memory_mb=512, cpus=1.0, pids=256, network=False, ttl_s=3600, workdir_size_mb=1024, tmp_size_mb=256,
+  user=None, env={}, mounts=(Mount(source, target, read_only=True),), labels={}, output_limit=1 MiB)``:
+  frozen; ``validate()`` raises ValueError naming the bad field.
+- ``create_sandbox(spec, run=None) -> Sandbox`` (not started; use ``async with`` or ``await sb.start()``).
+- ``Sandbox``: ``start()``, ``stop()`` (idempotent), ``exec(cmd, *, timeout=60, cwd=None, env=None,
+  output_limit=None) -> ExecResult`` (``cmd``: shell string run by ``sh -c``, or an argv list), ``write_file(path,
+  data, mode=0o644)``, ``read_file(path) -> bytes``, ``upload(local_dir, remote_dir=None)``,
+  ``download(remote_dir, local_dir)``, ``reset()``; attributes ``id``, ``run_id``, ``spec``, ``running``,
+  ``expires_at``.
+- ``ExecResult(output: str, exit_code: int, timed_out: bool, truncated: bool, duration: float)``, ``.ok``.
+  ``output`` is stdout+stderr interleaved, UTF-8 decoded with replacement; over the cap, head and tail are kept
+  around a ``[... N bytes of output truncated ...]`` line. A timed-out command has ``exit_code == 124``.
+- ``SandboxError(message, sandbox_id=, transient=)``: the sandbox is not running (not started, stopped, expired,
+  container/process died), or an engine call failed. Never a hang: every call ends within its timeout + grace.
+- ``SandboxPool(max_alive=64, create_rate=20.0, create_burst=4, retries=3, backoff_s=0.5, max_warm=8)``:
+  ``acquire(spec, reuse=False)`` (async context manager), ``prewarm(spec, n)``, ``close()``, ``stats``.
+- ``sweep(run=None, everything=False) -> SweepReport``; ``build_image("base"|"busybox")``; ``rootfs_path(image)``;
+  ``run_id()`` (this process's run label, ``$AGENTRL_RUN_ID`` if set); ``docker_available()``,
+  ``bwrap_available()``.
+
+Guarantees (each tested against the real backend, both backends)
+- Defaults: no network, memory/CPU/pid limits, read-only root with writable work dir and /tmp, no new privileges,
+  all capabilities dropped, uid 1000 (the images built here have user ``agent``).
+- A timeout is enforced inside the sandbox: the command's whole process tree is killed, ``timed_out`` is set, the
+  sandbox stays usable. Processes a command leaves running in the background are killed when it returns.
+- Lifecycle: a run label and a TTL on every sandbox (docker: the container's main process is ``sleep TTL``, with
+  ``auto_remove``; bwrap: ``--die-with-parent``, so nothing runs once the driver is gone). Normal exit and SIGTERM stop
+  this process's sandboxes at once. ``agentrl sandboxes sweep [--run ID]`` removes leftovers.
+
+Backends: ``docker`` (docker-py, ``DOCKER_HOST`` honoured; images from ``agentrl sandboxes build-image``) and
+``bwrap`` (one bwrap per exec over a persistent work dir, a per-sandbox cgroup for limits; it runs on the rootfs
+cached by ``build-image`` for ``spec.image`` when present, else on the host's /usr). See docker.py and bwrap.py.
+"""
+
+from __future__ import annotations
+
+from .base import (
+    ExecResult,
+    Mount,
+    OutputCap,
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+    cleanup_all,
+    run_id,
+)
+from .build import build_image, rootfs_path
+from .bwrap import BwrapSandbox, bwrap_available
+from .docker import DockerSandbox, docker_available
+from .pool import SandboxPool, TokenBucket
+from .sweep import SweepReport, sweep
+
+__all__ = [
+    "BwrapSandbox",
+    "DockerSandbox",
+    "ExecResult",
+    "Mount",
+    "OutputCap",
+    "Sandbox",
+    "SandboxError",
+    "SandboxPool",
+    "SandboxSpec",
+    "SweepReport",
+    "TokenBucket",
+    "build_image",
+    "bwrap_available",
+    "cleanup_all",
+    "create_sandbox",
+    "docker_available",
+    "rootfs_path",
+    "run_id",
+    "sweep",
+]
+
+
+def create_sandbox(spec: SandboxSpec, *, run: str | None = None) -> Sandbox:
+    """The sandbox for ``spec.backend`` (not started yet). ``run`` overrides this process's run label."""
+    if spec.backend == "docker":
+        return DockerSandbox(spec, run=run)
+    if spec.backend == "bwrap":
+        return BwrapSandbox(spec, run=run)
+    raise ValueError(f"SandboxSpec.backend must be 'docker' or 'bwrap', got {spec.backend!r}")

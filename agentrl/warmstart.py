@@ -1,0 +1,59 @@
+"""Warm start on scripted demonstrations: scripted actions recorded as the agent loop would record tokens.
+
+A tiny model trained from scratch cannot act at all, so the CPU quickstart first imitates a deliberately noisy
+scripted policy (the env's solver, with a fraction ``noise`` of its moves replaced by random ones) and then improves
+on it with RL. The demonstrations go through the same token path as real rollouts (:class:`DemoPolicy` reuses the
+agent loop's session and only replaces the engine call), so SFT sees exactly the token layout that RL will.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+from agentrl.core import Message
+from agentrl.inference.base import Generation
+from agentrl.policy import EpisodeMeta
+from agentrl.rollout import AgentLoopPolicy, AgentLoopSession, RolloutConfig
+
+ActionFn = Callable[[list[Message], EpisodeMeta], str]
+
+
+class _DemoSession(AgentLoopSession):
+    async def _generate(self, max_tokens: int) -> Generation:
+        text = self.policy.fn(list(self.messages), self.meta)
+        ids = self.chat.encode(text)[: max(max_tokens - 1, 0)] + [self.policy.eos_id]
+        # Version 0: demonstrations belong to the starting policy; behavior log-probs are unknown (0.0) and are
+        # never used by SFT.
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), versions=[0] * len(ids), finish_reason="stop")
+
+
+class DemoPolicy(AgentLoopPolicy):
+    """A policy whose actions come from ``fn(conversation, meta) -> str``, tokenized with the chat template into
+    trajectories (``loss_mask`` 1 on the action tokens and the end-of-turn token) for supervised warm starts."""
+
+    def __init__(self, fn: ActionFn, tokenizer: Any, cfg: RolloutConfig | None = None):
+        super().__init__(engine=None, tokenizer=tokenizer, cfg=cfg)  # type: ignore[arg-type]
+        self.fn = fn
+        self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+
+    def session(self, meta: EpisodeMeta) -> AgentLoopSession:
+        return _DemoSession(self, meta)
+
+    @property
+    def version(self) -> int:
+        return 0
+
+
+def noisy(solver: Callable[[list[Message]], str], actions: list[str], noise: float, seed: int = 0) -> ActionFn:
+    """Returns an action function that plays ``solver`` but, with probability ``noise`` per turn, a uniformly random
+    choice from ``actions`` instead (deterministic given ``seed`` and the trajectory id and turn)."""
+
+    def act(conversation: list[Message], meta: EpisodeMeta) -> str:
+        turn = sum(1 for m in conversation if m["role"] == "assistant")
+        rng = random.Random(f"{seed}/{meta.trajectory_id}/{turn}")
+        if rng.random() < noise:
+            return rng.choice(actions)
+        return solver(conversation)
+
+    return act

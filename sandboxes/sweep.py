@@ -1,0 +1,148 @@
+"""Removal of leftover sandboxes: containers labelled ``agentrl.run`` and bwrap state dirs / cgroups.
+
+Without a run id, only orphans go: expired (past ``agentrl.expires``), exited, or created by a driver process on
+this host that no longer exists. So a sweep is safe while other drivers run. With a run id (or ``everything``),
+all of that run's (or every) sandbox goes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .base import LABEL_DRIVER, LABEL_EXPIRES, LABEL_RUN, LABEL_SANDBOX, state_root
+
+
+@dataclass
+class SweepReport:
+    containers: list[str] = field(default_factory=list)  # "run/sandbox" of removed containers
+    bwrap: list[str] = field(default_factory=list)  # "run/sandbox" of removed bwrap state
+    errors: list[str] = field(default_factory=list)
+
+
+def _driver_gone(tag: str) -> bool:
+    host, _, pid = tag.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another machine's driver: only its TTL tells
+    try:
+        os.kill(int(pid), 0)
+        return False
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+
+
+def _orphan(expires: str | None, driver: str | None, running: bool = True) -> bool:
+    if not running:
+        return True
+    if expires and expires.isdigit() and int(expires) < time.time():
+        return True
+    return bool(driver) and _driver_gone(driver)
+
+
+def sweep_docker(
+    run: str | None = None, *, everything: bool = False, report: SweepReport | None = None
+) -> SweepReport:
+    import docker
+
+    report = report or SweepReport()
+    from .docker import docker_client
+
+    client = docker_client()
+    label = f"{LABEL_RUN}={run}" if run else LABEL_RUN
+    for c in client.api.containers(all=True, filters={"label": label}):
+        labels = c.get("Labels") or {}
+        if not (run or everything) and not _orphan(
+            labels.get(LABEL_EXPIRES), labels.get(LABEL_DRIVER), c.get("State") == "running"
+        ):
+            continue
+        try:
+            client.api.remove_container(c["Id"], force=True)
+            report.containers.append(f"{labels.get(LABEL_RUN)}/{labels.get(LABEL_SANDBOX)}")
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if getattr(e.response, "status_code", 0) != 409:  # 409: already being removed
+                report.errors.append(f"{c['Id'][:12]}: {e}")
+    return report
+
+
+def _read_meta(path: Path) -> dict[str, str]:
+    try:
+        return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    except OSError:
+        return {}
+
+
+def sweep_bwrap(
+    run: str | None = None, *, everything: bool = False, report: SweepReport | None = None
+) -> SweepReport:
+    from .bwrap import CGROUP_ROOT, V1_CONTROLLERS, Cgroup, _safe
+
+    report = report or SweepReport()
+    root = state_root()
+    runs = [root / _safe(run)] if run else (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
+    for run_dir in runs:
+        if not run_dir.is_dir():
+            continue
+        for sb_dir in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+            meta = _read_meta(sb_dir / "meta")
+            if not (run or everything) and not _orphan(meta.get("expires"), meta.get("driver")):
+                continue
+            for mode in ("v1", "v2"):
+                cg = Cgroup(mode, run_dir.name, sb_dir.name)
+                if any(d.exists() for d in cg.dirs):
+                    try:
+                        cg.remove()
+                    except OSError as e:
+                        report.errors.append(f"{run_dir.name}/{sb_dir.name} cgroup: {e}")
+            shutil.rmtree(sb_dir, ignore_errors=True)
+            report.bwrap.append(f"{run_dir.name}/{sb_dir.name}")
+        try:
+            run_dir.rmdir()
+        except OSError:
+            pass
+    # cgroup run dirs whose state is gone entirely (the state dir lives in /tmp, which may have been wiped)
+    bases = [CGROUP_ROOT / "agentrl"] + [CGROUP_ROOT / c / "agentrl" for c in V1_CONTROLLERS]
+    for base in bases:
+        if not base.is_dir():
+            continue
+        for run_cg in base.iterdir():
+            if not run_cg.is_dir() or (run and run_cg.name != _safe(run)):
+                continue
+            for sb_cg in run_cg.iterdir():
+                if sb_cg.is_dir() and not (root / run_cg.name / sb_cg.name).exists():
+                    mode = "v2" if base == CGROUP_ROOT / "agentrl" else "v1"
+                    try:
+                        Cgroup(mode, run_cg.name, sb_cg.name).remove()
+                        report.bwrap.append(f"{run_cg.name}/{sb_cg.name} (cgroup only)")
+                    except OSError as e:
+                        report.errors.append(f"{run_cg.name}/{sb_cg.name} cgroup: {e}")
+            try:
+                run_cg.rmdir()
+            except OSError:
+                pass
+    return report
+
+
+def sweep(
+    run: str | None = None, *, everything: bool = False, docker: bool = True, bwrap: bool = True
+) -> SweepReport:
+    """Remove leftovers of both backends (see the module docstring for what counts). Returns what went."""
+    report = SweepReport()
+    if docker:
+        from .docker import docker_available
+
+        ok, why = docker_available()
+        if ok:
+            sweep_docker(run, everything=everything, report=report)
+        else:
+            report.errors.append(f"docker: {why}")
+    if bwrap:
+        sweep_bwrap(run, everything=everything, report=report)
+    return report

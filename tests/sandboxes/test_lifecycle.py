@@ -1,0 +1,141 @@
+"""Lifecycle against the real backends: a SIGKILLed driver leaves nothing running after the TTL, SIGTERM and normal
+exit clean up at once, sweep removes leftovers (and only orphans when no run is named)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrl.sandboxes import SandboxSpec, create_sandbox, sweep
+from agentrl.sandboxes.base import LABEL_RUN, state_root
+
+from .conftest import BUSYBOX, require_backend
+
+DRIVER = Path(__file__).with_name("sandbox_driver.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _start_driver(run: str, ttl: float, mode: str = "wait") -> tuple[subprocess.Popen, list[dict]]:
+    require_backend("docker", BUSYBOX)
+    require_backend("bwrap", BUSYBOX)
+    proc = subprocess.Popen(
+        [sys.executable, str(DRIVER), run, str(ttl), "docker,bwrap", mode],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    line = proc.stdout.readline()
+    if not line.startswith("READY "):
+        proc.kill()
+        raise AssertionError(f"driver failed: {line!r} {proc.stderr.read()[-3000:]}")
+    return proc, json.loads(line[6:])
+
+
+def _containers(run: str, *, all_states: bool = True) -> list[dict]:
+    from agentrl.sandboxes.docker import docker_client
+
+    return docker_client().api.containers(all=all_states, filters={"label": f"{LABEL_RUN}={run}"})
+
+
+def _bwrap_procs(run: str) -> list[str]:
+    """Host processes whose command line mentions the run's state dir (its bwrap processes)."""
+    needle = str(state_root() / run)
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if needle in cmd:
+                out.append(f"{d.name}: {cmd[:120]}")
+    return out
+
+
+def _wait_until(cond, timeout: float, step: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def test_sigkilled_driver_leaves_nothing_running_after_ttl():
+    run = f"test-kill-{secrets.token_hex(3)}"
+    ttl = 5.0
+    proc, info = _start_driver(run, ttl)
+    try:
+        assert len(_containers(run, all_states=False)) == 2
+        assert len(_bwrap_procs(run)) >= 2
+        t_kill = time.monotonic()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        # bwrap: --die-with-parent takes every sandbox process down with the driver
+        assert _wait_until(lambda: not _bwrap_procs(run), 5), _bwrap_procs(run)
+        # docker: the in-container dead-man timer ends each container at its TTL, auto-remove deletes it
+        assert _wait_until(lambda: not _containers(run), ttl + 15), _containers(run)
+        assert time.monotonic() - t_kill < ttl + 15
+        # what a killed driver cannot remove itself (bwrap state dirs, cgroups) goes with a sweep of the run
+        assert (state_root() / run).exists()
+        cli = subprocess.run(
+            [str(REPO / ".venv/bin/agentrl"), "sandboxes", "sweep", "--run", run],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert "swept 0 containers, 2 bwrap sandboxes" in cli.stdout, cli.stdout
+        assert not (state_root() / run).exists()
+        for entry in info:
+            if entry["backend"] == "bwrap":
+                assert not Path(entry["state_dir"]).exists()
+    finally:
+        proc.kill()
+        sweep(run)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "exit"])
+def test_sigterm_and_normal_exit_clean_up_at_once(how):
+    run = f"test-{how}-{secrets.token_hex(3)}"
+    proc, _ = _start_driver(run, 600, mode="exit" if how == "exit" else "wait")
+    try:
+        t0 = time.monotonic()
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        assert _wait_until(lambda: not _containers(run) and not (state_root() / run).exists(), 5), (
+            _containers(run), list((state_root() / run).glob("*")) if (state_root() / run).exists() else [],
+        )
+        assert not _bwrap_procs(run)
+        assert time.monotonic() - t0 < 20  # far below the 600 s TTL
+        if how == "sigterm":
+            assert proc.returncode == -signal.SIGTERM  # the default action still happens after cleanup
+    finally:
+        proc.kill()
+        sweep(run)
+
+
+async def test_sweep_without_run_removes_only_orphans():
+    require_backend("docker", BUSYBOX)
+    run = f"test-orphan-{secrets.token_hex(3)}"
+    proc, _ = _start_driver(run, 600)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    try:
+        async with create_sandbox(SandboxSpec(backend="docker", image=BUSYBOX, ttl_s=120)) as mine, \
+                create_sandbox(SandboxSpec(backend="bwrap", image=BUSYBOX, ttl_s=120)) as mine_bw:
+            assert _containers(run)  # the orphans are still there (TTL 600 s)
+            report = sweep()  # no run: only sandboxes whose driver is gone or that expired
+            assert sum(r.startswith(run) for r in report.containers) == 2, report
+            assert sum(r.startswith(run) for r in report.bwrap) == 2, report
+            assert not _containers(run) and not (state_root() / run).exists()
+            # this process is alive: its sandboxes were left alone
+            assert (await mine.exec("echo ok", timeout=10)).ok
+            assert (await mine_bw.exec("echo ok", timeout=10)).ok
+    finally:
+        proc.kill()
+        sweep(run)

@@ -1,0 +1,124 @@
+"""SandboxPool against the real backends: concurrency bound, creation rate limit, retries, warm reuse."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import pytest
+
+from agentrl.sandboxes import SandboxError, SandboxPool, create_sandbox
+
+
+async def test_pool_bounds_concurrency(busybox_spec):
+    pool = SandboxPool(max_alive=2, create_rate=50, create_burst=10)
+    live = 0
+    peak = 0
+
+    async def episode(i: int) -> str:
+        nonlocal live, peak
+        async with pool.acquire(busybox_spec) as sb:
+            live += 1
+            peak = max(peak, live)
+            res = await sb.exec(f"sleep 0.3; echo {i}", timeout=20)
+            live -= 1
+            return res.output.strip()
+
+    outs = await asyncio.gather(*(episode(i) for i in range(5)))
+    await pool.close()
+    assert outs == [str(i) for i in range(5)]
+    assert peak == 2 and pool.stats.peak_in_use == 2
+    assert pool.stats.created == 5 and pool.stats.stopped == 5 and pool.stats.in_use == 0
+
+
+async def test_pool_rate_limits_creation(busybox_spec):
+    pool = SandboxPool(max_alive=16, create_rate=4, create_burst=1)
+    t0 = time.monotonic()
+
+    async def one() -> None:
+        async with pool.acquire(busybox_spec):
+            pass
+
+    await asyncio.gather(*(one() for _ in range(5)))
+    await pool.close()
+    # 1 token at once, then 4 more at 4/s: at least 1 s however fast the backend is
+    assert time.monotonic() - t0 >= 0.95
+
+
+async def test_pool_retries_transient_create_failures(busybox_spec):
+    calls = 0
+
+    async def flaky(spec):
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise SandboxError("engine busy (injected)", transient=True)
+        return await create_sandbox(spec).start()
+
+    pool = SandboxPool(max_alive=2, backoff_s=0.05, factory=flaky)
+    async with pool.acquire(busybox_spec) as sb:
+        assert (await sb.exec("echo up", timeout=10)).ok
+    assert calls == 3 and pool.stats.retries == 2 and pool.stats.create_failures == 2
+
+    async def broken(spec):
+        raise SandboxError("image missing (injected)", transient=False)
+
+    pool2 = SandboxPool(backoff_s=0.01, factory=broken)
+    with pytest.raises(SandboxError, match="image missing"):
+        async with pool2.acquire(busybox_spec):
+            pass
+    assert pool2.stats.retries == 0
+
+
+async def test_pool_gives_up_after_retries_on_a_real_failure(busybox_spec):
+    """A real create failure that is not transient (no such image) is raised at once, with a clear message."""
+    spec = replace(busybox_spec, image="agentrl-no-such-image:latest", root="/nonexistent-root")
+    pool = SandboxPool(backoff_s=0.01)
+    with pytest.raises(SandboxError, match="not found|not a directory"):
+        async with pool.acquire(spec):
+            pass
+    assert pool.stats.retries == 0
+
+
+async def test_pool_warm_reuse_resets_sandbox(busybox_spec):
+    async with SandboxPool(max_alive=4, max_warm=2) as pool:
+        await pool.prewarm(busybox_spec, 1)
+        assert pool.warm_count == 1
+        async with pool.acquire(busybox_spec, reuse=True) as sb:
+            first_id = sb.id
+            await sb.write_file("state.txt", "dirty")
+            await sb.exec("echo x > /tmp/t", timeout=10)
+        assert pool.stats.reused == 1 and pool.warm_count == 1
+        async with pool.acquire(busybox_spec, reuse=True) as sb2:
+            assert sb2.id == first_id  # the same sandbox, reset
+            res = await sb2.exec("ls -A /workspace /tmp", timeout=10)
+            assert "state.txt" not in res.output and "t" not in res.output.split()
+        # a plain acquire never hands out a used sandbox
+        async with pool.acquire(busybox_spec) as sb3:
+            assert sb3.id != first_id
+    assert pool.warm_count == 0
+    with pytest.raises(SandboxError):
+        await sb2.exec("true", timeout=5)  # close() stopped the warm one
+
+
+async def test_pool_releases_on_cancel(busybox_spec):
+    pool = SandboxPool(max_alive=1)
+    holder: list = []
+
+    async def hold():
+        async with pool.acquire(busybox_spec) as sb:
+            holder.append(sb)
+            await asyncio.sleep(60)
+
+    task = asyncio.create_task(hold())
+    while not holder:
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.5)
+    assert not holder[0].running
+    async with pool.acquire(busybox_spec) as sb:  # the slot is free again
+        assert (await sb.exec("true", timeout=10)).ok
+    await pool.close()
