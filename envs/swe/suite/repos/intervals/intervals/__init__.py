@@ -1,0 +1,5 @@
+"""Closed intervals."""
+
+from .core import merge, total_length
+
+__all__ = ["merge", "total_length"]

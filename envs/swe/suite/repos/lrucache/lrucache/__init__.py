@@ -1,0 +1,5 @@
+"""A least-recently-used cache."""
+
+from .cache import LRUCache
+
+__all__ = ["LRUCache"]

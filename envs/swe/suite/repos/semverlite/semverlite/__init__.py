@@ -1,0 +1,5 @@
+"""MAJOR.MINOR.PATCH versions."""
+
+from .version import compare, max_version, parse
+
+__all__ = ["parse", "compare", "max_version"]
