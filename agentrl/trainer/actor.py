@@ -1,0 +1,97 @@
+"""The trainer as a Ray actor.
+
+:class:`TrainerWorker` is a thin, picklable-argument facade over :class:`~agentrl.trainer.trainer.Trainer` (Ray
+cannot call properties remotely, hence ``get_version``); :data:`TrainerActor` is ``ray.remote(TrainerWorker)`` and
+:func:`create_trainer_actor` starts one with the resources it needs::
+
+    actor = create_trainer_actor(cfg, "/models/tiny", num_gpus=0)
+    metrics = ray.get(actor.train_step.remote(trajectories))          # plain lists of Trajectory are fine
+    weights = ray.get(actor.state_dict_for_inference.remote())         # {hf_name: cpu tensor}
+    await engine.update_weights(weights, ray.get(actor.get_version.remote()))
+
+Data parallelism (not implemented; ``TrainerConfig.world_size > 1`` raises ``NotImplementedError``). The plan it is
+built for: start ``world_size`` ``TrainerActor``s in a placement group, one per GPU; each calls
+``torch.distributed.init_process_group`` (NCCL; rank 0's address/port handed to all through Ray) and wraps the model
+in ``FullyShardedDataParallel`` (or ``DistributedDataParallel``) before building the optimizer. The controller
+splits each batch into ``world_size`` shards of equal *loss-token* count and calls ``train_step`` on all actors at
+once; the only change inside ``Trainer`` is that the whole-batch normalisers (``num_tokens``/``num_seqs`` passed to
+the loss) become all-reduced sums across ranks, because the loss is already normalised by whole-batch counts and
+gradients are averaged by the collective (so each rank must scale by ``world_size``). ``state_dict_for_inference``
+gathers a full state dict on rank 0 (FSDP ``FULL_STATE_DICT``) and checkpoints save per-rank optimizer shards.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from agentrl.trainer.config import TrainerConfig
+from agentrl.trajectory import Group, Trajectory
+
+
+class TrainerWorker:
+    """Owns one :class:`Trainer`; every method returns plain data (dicts of floats, CPU tensors)."""
+
+    def __init__(self, config: TrainerConfig | dict[str, Any], model_path: str) -> None:
+        from agentrl.trainer.trainer import Trainer  # heavy import (torch, transformers) inside the actor
+
+        self.trainer = Trainer(config, model_path)  # type: ignore[arg-type]
+
+    def ping(self) -> bool:
+        return True
+
+    def get_version(self) -> int:
+        return self.trainer.version
+
+    def get_optimizer_steps(self) -> int:
+        return self.trainer.optimizer_steps
+
+    def train_step(
+        self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float] | None = None
+    ) -> dict[str, float]:
+        return self.trainer.train_step(batch, advantages)
+
+    def sft_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        return self.trainer.sft_step(trajectories)
+
+    def compute_logprobs(self, batch: Sequence[Trajectory] | Sequence[Sequence[int]]):  # -> Tensor [B, T]
+        return self.trainer.compute_logprobs(batch)
+
+    def state_dict_for_inference(self, dtype: Any = None) -> dict[str, Any]:
+        return self.trainer.state_dict_for_inference(dtype)
+
+    def save_checkpoint(self, path: str) -> str:
+        return str(self.trainer.save_checkpoint(path))
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return self.trainer.load_checkpoint(path)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+TrainerActor = ray.remote(TrainerWorker)
+
+
+def create_trainer_actor(
+    config: TrainerConfig,
+    model_path: str | os.PathLike,
+    *,
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    name: str | None = None,
+) -> Any:
+    """Starts a :data:`TrainerActor` (``ray.init`` must have run) and returns its handle once the model is
+    loaded, so a bad path or config raises here (as ``ray.exceptions.RayTaskError``) rather than on first use.
+    ``num_gpus`` should be 1 on GPU hosts (the actor then sees exactly one device)."""
+    if config.world_size > 1:
+        raise NotImplementedError("world_size > 1 is not implemented: see agentrl/trainer/actor.py's docstring")
+    opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+    if name is not None:
+        opts["name"] = name
+    actor = TrainerActor.options(**opts).remote(config, str(model_path))
+    ray.get(actor.ping.remote())
+    return actor

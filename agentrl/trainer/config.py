@@ -1,0 +1,200 @@
+"""Typed trainer configuration: optimizer, batching, precision, policy loss and advantage estimator.
+
+Every hyper-parameter is a declared, typed dataclass field. Built through :func:`agentrl.config.from_dict` /
+:func:`agentrl.config.load`, an unknown key (a typo), a wrong type or a value outside a ``Literal`` raises
+:class:`agentrl.config.ConfigError` naming the key path; each ``validate()`` adds the cross-field checks and raises
+``ValueError``. :class:`agentrl.trainer.Trainer` calls :meth:`TrainerConfig.validate` again, so a config built in
+Python without the loader is checked too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+LossName = Literal["ppo", "decoupled_ppo", "tis", "cispo", "topr", "gspo"]
+ISLevel = Literal["token", "sequence", "geometric"]
+Aggregation = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
+KLEstimator = Literal["k1", "k2", "k3"]
+AdvantageEstimator = Literal["grpo", "grpo_no_std", "rloo"]
+
+# Losses whose importance weight / ratio involves the engine's behavior log-probs.
+LOSSES_USING_BEHAVIOR: frozenset[str] = frozenset({"decoupled_ppo", "tis", "cispo", "topr"})
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW. ``lr`` ramps linearly from ``lr / warmup_steps`` to ``lr`` over the first ``warmup_steps`` optimizer
+    steps, then stays constant."""
+
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+
+    def validate(self) -> None:
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"optimizer.lr must be a positive finite number, got {self.lr}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.eps <= 0:
+            raise ValueError(f"optimizer.eps must be > 0, got {self.eps}")
+        if self.weight_decay < 0:
+            raise ValueError(f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclass
+class LossConfig:
+    """The policy loss (see ``agentrl/trainer/losses.py`` for the formulas).
+
+    - ``name``: ``ppo`` (PPO-clip, ratio to ``ratio_base``), ``decoupled_ppo`` (AReaL: ratio to the proximal policy,
+      times the truncated IS weight ``min(pi_prox/mu, C)``), ``tis`` (plain policy gradient times
+      ``min(pi_prox/mu, C)``), ``cispo``, ``topr``, ``gspo``.
+    - ``clip_eps``: PPO/GSPO/CISPO clip range; ``eps_low`` / ``eps_high`` override its lower / upper side
+      (``clip(r, 1 - eps_low, 1 + eps_high)``).
+    - ``is_cap``: truncation cap C of the IS weight (decoupled_ppo, tis).
+    - ``is_level``: importance weights per token, per sequence (product over the sequence's loss tokens) or as the
+      geometric mean over the sequence (length-normalised). Applies to the behavior-correction weight of
+      decoupled_ppo / tis and to the ratio ``pi_theta/mu`` of cispo / topr; ppo and gspo have no behavior weight.
+    - ``ratio_base``: the "old" policy of ppo/gspo ratios: ``proximal`` (the trainer's log-probs at step start, as
+      in synchronous PPO) or ``behavior`` (the engine's log-probs: "naive" PPO under staleness).
+    - ``ratio_mask``: optional ``[low, high]`` band on the behavior ratio ``pi_prox/mu`` (at ``is_level``); tokens
+      (or whole sequences) outside the band contribute no loss. The normaliser is unchanged.
+    - ``aggregation``: over the whole optimizer batch: mean over all loss tokens, mean over sequences of the
+      per-sequence token sum, or mean over sequences of the per-sequence token mean.
+    - ``kl_coef`` > 0 adds ``kl_coef * KL(pi_theta || pi_ref)`` (estimator ``kl_estimator`` per token) to a frozen
+      reference model loaded from the starting weights.
+    - ``entropy_coef`` > 0 subtracts ``entropy_coef * entropy`` (an exploration bonus).
+    - ``topr_signal``: TOPR's sign split uses the trajectory ``reward`` (the paper's form) or the ``advantage``.
+    """
+
+    name: LossName = "decoupled_ppo"
+    clip_eps: float = 0.2
+    eps_low: float | None = None
+    eps_high: float | None = None
+    is_cap: float = 2.0
+    is_level: ISLevel = "token"
+    ratio_base: Literal["proximal", "behavior"] = "proximal"
+    ratio_mask: list[float] | None = None
+    aggregation: Aggregation = "token_mean"
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+    entropy_coef: float = 0.0
+    topr_signal: Literal["reward", "advantage"] = "reward"
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_eps if self.eps_low is None else self.eps_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_eps if self.eps_high is None else self.eps_high
+
+    def validate(self) -> None:
+        if not self.clip_eps > 0:
+            raise ValueError(f"loss.clip_eps must be > 0, got {self.clip_eps}")
+        for name in ("eps_low", "eps_high"):
+            v = getattr(self, name)
+            if v is not None and not v >= 0:
+                raise ValueError(f"loss.{name} must be >= 0, got {v}")
+        if not self.is_cap > 0:
+            raise ValueError(f"loss.is_cap must be > 0, got {self.is_cap}")
+        if self.ratio_mask is not None:
+            band = self.ratio_mask
+            if len(band) != 2 or not (0 <= band[0] < band[1]):
+                raise ValueError(f"loss.ratio_mask must be [low, high] with 0 <= low < high, got {band}")
+        if self.kl_coef < 0:
+            raise ValueError(f"loss.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.entropy_coef < 0:
+            raise ValueError(f"loss.entropy_coef must be >= 0, got {self.entropy_coef}")
+
+    @property
+    def needs_proximal(self) -> bool:
+        """True when the loss itself reads the trainer's step-start log-probs (not only for metrics)."""
+        if self.name in ("decoupled_ppo", "tis") or self.ratio_mask is not None:
+            return True
+        return self.name in ("ppo", "gspo") and self.ratio_base == "proximal"
+
+
+@dataclass
+class AdvantageConfig:
+    """Group-relative advantages from each trajectory's final ``reward``.
+
+    ``grpo``: ``(R_i - mean_g R) / (std_g R + eps)``; ``grpo_no_std``: ``R_i - mean_g R``; ``rloo``:
+    ``R_i - mean_{j != i} R_j``. ``std_unbiased`` picks the sample (n-1) or population (n) standard deviation.
+    """
+
+    estimator: AdvantageEstimator = "grpo"
+    eps: float = 1e-6
+    std_unbiased: bool = True
+
+    def validate(self) -> None:
+        if not self.eps >= 0:
+            raise ValueError(f"advantage.eps must be >= 0, got {self.eps}")
+
+
+@dataclass
+class TrainerConfig:
+    """Everything the :class:`~agentrl.trainer.Trainer` needs besides the model path.
+
+    Batching: one :meth:`Trainer.train_step` call consumes a batch of trajectories, splits it into
+    ``num_mini_batches`` consecutive mini-batches (one optimizer step each) and repeats that ``ppo_epochs`` times.
+    Each mini-batch is split into micro-batches for gradient accumulation: at most ``micro_batch_size`` sequences,
+    and, when ``micro_batch_tokens`` is set, at most that many padded tokens (``sequences x longest length``; a
+    single longer sequence still forms its own micro-batch). The loss is normalised over the whole mini-batch, so the
+    gradient does not depend on the micro-batch split.
+
+    Precision: ``dtype`` is the parameter (and optimizer state) dtype; ``mixed_precision: bf16`` runs forward
+    passes under ``torch.autocast`` in bfloat16 while log-softmax is always taken in float32. On a GPU the usual
+    choice is ``dtype: float32`` + ``mixed_precision: bf16`` (or ``dtype: bfloat16`` to halve memory).
+
+    ``temperature`` divides the logits before the log-softmax so that trainer log-probs are those of the
+    distribution the engine sampled from. ``max_seq_len`` truncates longer trajectories (tail dropped, counted in
+    the ``batch/truncated_seqs`` metric). ``world_size > 1`` (data-parallel trainer actors) is declared for
+    configs but not implemented: the trainer raises ``NotImplementedError``.
+    """
+
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    micro_batch_size: int = 8
+    micro_batch_tokens: int | None = None
+    num_mini_batches: int = 1
+    ppo_epochs: int = 1
+    max_grad_norm: float | None = 1.0
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    mixed_precision: Literal["none", "bf16"] = "none"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    temperature: float = 1.0
+    max_seq_len: int | None = None
+    gradient_checkpointing: bool = False
+    disable_dropout: bool = True
+    compute_entropy: bool = True
+    log_mismatch_metrics: bool = True
+    seed: int = 0
+    world_size: int = 1
+
+    def validate(self) -> None:
+        self.optimizer.validate()
+        self.loss.validate()
+        self.advantage.validate()
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens must be >= 1 or null, got {self.micro_batch_tokens}")
+        if self.num_mini_batches < 1:
+            raise ValueError(f"num_mini_batches must be >= 1, got {self.num_mini_batches}")
+        if self.ppo_epochs < 1:
+            raise ValueError(f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.max_seq_len is not None and self.max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2 or null, got {self.max_seq_len}")
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
