@@ -127,10 +127,21 @@ class _Stream:
             yield stream_id, data
 
     def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        # The socket docker-py hands out still has SocketIO references held by its HTTP response, so close()
+        # only marks it closed and the fd stays open until garbage collection (a ResourceWarning per exec).
+        # Detaching and closing the fd releases it now.
+        sock = self.sock
+        if isinstance(sock, socket.socket):
+            try:
+                if sock.fileno() != -1:
+                    os.close(sock.detach())
+            except OSError:
+                pass
+        else:
+            try:
+                sock.close()
+            except OSError:
+                pass
 
 
 class DockerSandbox(Sandbox):

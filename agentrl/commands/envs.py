@@ -102,7 +102,8 @@ def check_env_id(env_id: str, *, seed: int = 0, max_steps: int = 50) -> tuple[bo
             result = play_episode(env, solve, seed=seed, max_steps=max_steps)
             notes.append(f"solver: return {result.total_reward:g} in {_steps(result.steps)}")
         stage = "async"  # last: it ends with aclose()
-        asyncio.run(_async_check(env, seed))
+        sync_obs, _ = env.reset(seed=seed)  # outside the loop: envs with native async may refuse sync calls there
+        asyncio.run(_async_check(env, seed, sync_obs))
         notes.append("async ok")
         return True, "; ".join(notes)
     except Exception as e:  # the command reports every failure, whatever raised it
@@ -175,8 +176,7 @@ def _steps(n: int) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
-async def _async_check(env: Any, seed: int) -> None:
-    sync_obs, _ = env.reset(seed=seed)
+async def _async_check(env: Any, seed: int, sync_obs: Any) -> None:
     async_obs, _ = await env.areset(seed=seed)
     if sync_obs != async_obs:
         raise _CheckFailed("areset(seed) and reset(seed) gave different observations")
