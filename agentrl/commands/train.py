@@ -18,6 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import os
+
+    # vLLM logs every pause/resume of a weight update at INFO; the progress bar and metrics.jsonl say more.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
     from agentrl.config import ConfigError
     from agentrl.pipeline import load_config, train
