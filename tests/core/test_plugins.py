@@ -1,6 +1,7 @@
 """Third-party envs arrive through the `agentrl.envs` entry-point group, with no code in agentrl naming them."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +15,12 @@ PLUGIN = Path(__file__).parent / "plugin_pkg"
 def plugin_site(tmp_path_factory):
     """Installs the demo plugin package (a real pip install, with its entry-point metadata) into a fresh dir."""
     target = tmp_path_factory.mktemp("site")
-    build = tmp_path_factory.mktemp("build")
+    src = tmp_path_factory.mktemp("src") / "plugin_pkg"
+    shutil.copytree(PLUGIN, src)  # setuptools builds in the source tree: keep the checkout clean
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), str(PLUGIN)],
-        check=True, cwd=build, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+         "--target", str(target), str(src)],
+        check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
     )
     assert list(target.glob("agentrl_demo_plugin-*.dist-info/entry_points.txt"))
     return target
