@@ -83,7 +83,8 @@ def test_sigkill_then_resume_repeats_and_skips_no_step(tmp_path):
         p.wait()
     killed_at = files.latest_checkpoint()[0]
     assert killed_at < 5
-    subprocess.run(["ray", "stop", "--force"], capture_output=True)  # what the SIGKILL left of the local cluster
+    # What the SIGKILL left of its local Ray cluster.
+    subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True)
 
     p2 = run_cli(["--resume", str(run_dir)])
     out, _ = p2.communicate(timeout=600)
