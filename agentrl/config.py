@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 import yaml
 
 T = TypeVar("T")
+_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 class ConfigError(ValueError):
@@ -87,6 +89,8 @@ def _convert(value: Any, tp: Any, path: str, src: str) -> Any:
         kt, vt = get_args(tp) or (Any, Any)
         return {_convert(k, kt, path, src): _convert(v, vt, f"{path}.{k}", src) for k, v in value.items()}
     if tp is float:
+        if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail()
         return float(value)

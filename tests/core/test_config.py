@@ -69,6 +69,14 @@ def test_overrides(tmp_path):
         apply_overrides({}, ["steps"])
 
 
+def test_float_in_exponent_form(tmp_path):
+    # YAML 1.1 reads 1e-3 as a string; a float field takes it, and still rejects words.
+    c = load(Cfg, write(tmp_path, "name: x\noptim:\n  lr: 1e-3\n"), ["optim.lr=2e-4"])
+    assert c.optim.lr == 2e-4
+    with pytest.raises(ConfigError, match="optim.lr: expected float, got str 'e5'"):
+        load(Cfg, write(tmp_path, "name: x\n"), ["optim.lr=e5"])
+
+
 def test_missing_file_is_clear(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config"):
         load(Cfg, tmp_path / "nope.yaml")
