@@ -51,7 +51,7 @@ async def test_gold_resolves_and_empty_does_not():
     assert set(gold.fail_to_pass.values()) == {"pass"} and set(gold.pass_to_pass.values()) == {"pass"}
     assert gold.fail_to_pass_fraction == 1.0 and gold.duration > 0
     assert not empty.resolved and empty.applied
-    assert set(empty.fail_to_pass.values()) == {"fail"} and set(empty.pass_to_pass.values()) == {"pass"}
+    assert set(empty.fail_to_pass.values()) == {"fail"} and set(empty.pass_to_pass.values()) == {"pass"}, (empty.reason, empty.log)
     assert empty.reason.startswith("FAIL_TO_PASS not passing") and "test_median_even (fail)" in empty.reason
     assert "AssertionError" in empty.details[STATS.FAIL_TO_PASS[0]]
 
