@@ -159,6 +159,23 @@ def _apply_keep(per_token: Tensor, keep: Tensor | None) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------- losses
+def _clipped_surrogate(ratio: Tensor, a: Tensor, mask: Tensor, keep: Tensor | None, eps_low: float, eps_high: float,
+                       aggregation: str, num_tokens: float | None, num_seqs: float | None) -> tuple[Tensor, dict[str, float]]:
+    """The PPO surrogate ``-min(ratio*A, clip(ratio, 1-eps_low, 1+eps_high)*A)`` (``ratio`` and ``a``: [B, T]),
+    aggregated; metrics ``ratio/clip_frac`` and ``ratio/mean``. Shared by PPO-clip (token ratio) and GSPO
+    (sequence ratio broadcast to tokens)."""
+    unclipped = ratio * a
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * a
+    per = -torch.minimum(unclipped, clipped)
+    loss = aggregate(_apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
+    with torch.no_grad():
+        metrics = {
+            "ratio/clip_frac": masked_mean((clipped < unclipped).float(), mask).item(),
+            "ratio/mean": masked_mean(ratio, mask).item(),
+        }
+    return loss, metrics
+
+
 def ppo_clip_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -176,18 +193,9 @@ def ppo_clip_loss(
 
     ``old_logp`` is detached. Metrics: ``ratio/clip_frac`` (share of loss tokens where the clipped term is the
     active one, i.e. the gradient is zero), ``ratio/mean``."""
-    a = _bt(adv, logp).to(logp.dtype)
     r = torch.exp(logp - old_logp.detach())
-    unclipped = r * a
-    clipped = torch.clamp(r, 1.0 - eps_low, 1.0 + eps_high) * a
-    per = -torch.minimum(unclipped, clipped)
-    loss = aggregate(_apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
-    with torch.no_grad():
-        metrics = {
-            "ratio/clip_frac": masked_mean((clipped < unclipped).float(), mask).item(),
-            "ratio/mean": masked_mean(r, mask).item(),
-        }
-    return loss, metrics
+    return _clipped_surrogate(r, _bt(adv, logp).to(logp.dtype), mask, keep, eps_low, eps_high, aggregation,
+                              num_tokens, num_seqs)
 
 
 def decoupled_ppo_loss(
@@ -339,18 +347,8 @@ def gspo_loss(
     ``seq_mean_token_mean`` gives the paper's per-sequence mean). Metrics: ``ratio/clip_frac`` (share of
     loss tokens in clipped sequences), ``ratio/mean`` (mean sequence ratio per token)."""
     log_s = log_ratio_at_level(logp, old_logp.detach(), mask, "geometric")  # [B, T], grad flows via logp
-    s = torch.exp(log_s)
-    a = _bt(adv, logp).to(logp.dtype)
-    unclipped = s * a
-    clipped = torch.clamp(s, 1.0 - eps_low, 1.0 + eps_high) * a
-    per = -torch.minimum(unclipped, clipped)
-    loss = aggregate(_apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
-    with torch.no_grad():
-        metrics = {
-            "ratio/clip_frac": masked_mean((clipped < unclipped).float(), mask).item(),
-            "ratio/mean": masked_mean(s, mask).item(),
-        }
-    return loss, metrics
+    return _clipped_surrogate(torch.exp(log_s), _bt(adv, logp).to(logp.dtype), mask, keep, eps_low, eps_high,
+                              aggregation, num_tokens, num_seqs)
 
 
 # ------------------------------------------------------------------------------------------------ dispatcher

@@ -440,6 +440,10 @@ class Trainer:
         if grad_norms:
             metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["train/skipped_steps"] = float(skipped + (0 if mini else 1))
+        return self._finish_step(metrics, t_start)
+
+    def _finish_step(self, metrics: dict[str, float], t_start: float) -> dict[str, float]:
+        """Bumps ``version`` (one per train_step / sft_step) and adds the per-step lr, timing and counters."""
         metrics["lr"] = self._lr()
         self._version += 1
         elapsed = time.perf_counter() - t_start
@@ -598,14 +602,7 @@ class Trainer:
                 metrics["grad_norm"] = gnorm
             self.optimizer.zero_grad(set_to_none=True)
         metrics["train/skipped_steps"] = skipped
-        metrics["lr"] = self._lr()
-        self._version += 1
-        elapsed = time.perf_counter() - t_start
-        metrics["perf/step_s"] = elapsed
-        metrics["perf/tokens_per_s"] = metrics["batch/num_tokens"] / max(elapsed, 1e-9)
-        metrics["version"] = float(self._version)
-        metrics["optimizer_steps"] = float(self._optimizer_steps)
-        return metrics
+        return self._finish_step(metrics, t_start)
 
     def state_dict_for_inference(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """Returns ``{name: tensor}`` with the HF parameter/buffer names of the model (``model.layers.0...``,
