@@ -286,15 +286,18 @@ class AgentLoopSession(PolicySession):
         if self.turns == 0:
             self.prompt_len = len(self.token_ids)
         prompt_render = c.rendered or self._text
-        gen_prefix = "" if self.chat.family.tool_parser == "agentrl" else \
-            self.chat.generation_prefix(convo, prompt_render, self.tools)
+        gen_prefix = "" if self.chat.family.tool_parser == "agentrl" else self.chat.generation_prefix(self._text)
 
         context = self.token_ids[-4:]
         gen = await self._generate(min(self.cfg.max_tokens_per_turn, room))
         self._append_generated(gen)
         k = self.chat.closing_overlap(gen.token_ids, closing_ids)
-        self._append_fixed(closing_ids[k:])
-        text_ids = gen.token_ids[: len(gen.token_ids) - k]
+        last = gen.token_ids[-1] if gen.token_ids else None
+        if k == 0 and last in self.chat.turn_end_ids:  # a turn-ending token of its own (gpt-oss <|call|>)
+            end_text, text_ids = self.chat.turn_end_ids[last], gen.token_ids[:-1]
+        else:
+            self._append_fixed(closing_ids[k:])
+            end_text, text_ids = closing_text, gen.token_ids[: len(gen.token_ids) - k]
         self._stop_role = ""
         while text_ids and text_ids[-1] in self.chat.eos_ids:
             if k == 0 and not self._stop_role and text_ids[-1] in self.chat.stop_role_ids:
@@ -307,8 +310,8 @@ class AgentLoopSession(PolicySession):
             msg = {"role": "assistant", "content": text}  # the tiny model's template reads its calls from the text
         self.messages = self.messages + [msg]
         self._last_turn = msg
-        self._text += text + self._stop_role + closing_text
-        drift = self.chat.handover(self.messages, prompt_render + text + closing_text, len(prompt_render), self.tools)
+        self._text += text + self._stop_role + end_text
+        drift = self.chat.handover(self.messages, prompt_render + text + end_text, len(prompt_render), self.tools)
         if drift is not None:
             self._drift("handover", f"{drift[1]} differs at character {drift[0]}")
         self.turns += 1

@@ -14,11 +14,12 @@ Used by the agent loop (:mod:`agentrl.rollout`) and meant for the OpenAI-compati
     turn.openai_tool_calls()                         # OpenAI ``tool_calls`` (ids, JSON-string arguments)
     r.closing(tools)                                 # what the template writes after an assistant message
 
-``prev_text`` is the stream's text as the template sees it: the prompt text, then per model turn
-``r.generation_prefix``-free decoded text (:meth:`ChatRenderer.decode_after`, without the closing the model
-generated and without trailing stop tokens), then the full closing text; a stop token that is a role token
-(GLM's ``<|observation|>``) stays in it. ``raw_text`` for :meth:`ChatRenderer.read_turn` is
-``r.generation_prefix(messages, prompt_text, tools)`` + the decoded turn.
+``prev_text`` is the stream's text as the template sees it: the prompt text, then per model turn its decoded text
+(:meth:`ChatRenderer.decode_after`, without the part of the closing the model generated and without trailing stop
+tokens), then the full closing text; a stop token that is a role token (GLM's ``<|observation|>``) stays in it.
+After a drift, the gateway's new segment starts from ``c.text`` (``c.kind == "drift"``); the agent loop's ``keep``
+mode instead appends :meth:`ChatRenderer.keep_suffix`. ``raw_text`` for :meth:`ChatRenderer.read_turn` is
+``r.generation_prefix(prompt_text)`` + the decoded turn.
 
 Modules: :mod:`~agentrl.chat.families` (families, :class:`ChatConfig`, template modes), :mod:`~agentrl.chat.renderer`
 (rendering, continuation, keep mode, handover check), :mod:`~agentrl.chat.toolcalls` (parsers: ours, vLLM's, harmony),

@@ -39,6 +39,8 @@ class ChatFamily:
     ``closing_aliases``: end-of-turn tokens the model writes that the template writes differently in history
     (gpt-oss ``<|return|>`` -> ``<|end|>``). ``tool_start``: where the tool-call section starts in raw output.
     ``tool_needs_call``: the template refuses a tool message that answers no call (it is then sent as a user message).
+    ``turn_ends``: tokens other than the closing that end an assistant turn by themselves (gpt-oss ``<|call|>``,
+    Llama's ``<|eom_id|>``): no closing is added after them.
     ``markers``: substrings of the chat template that identify the family (all must occur).
     """
 
@@ -55,6 +57,7 @@ class ChatFamily:
     tool_start: str = "<tool_call>"
     strip_content_before_tools: bool = True
     tool_needs_call: bool = False
+    turn_ends: tuple[str, ...] = ()
     markers: tuple[str, ...] = ()
 
 
@@ -66,6 +69,7 @@ FAMILIES: dict[str, ChatFamily] = {f.name: f for f in (
                markers=("<|im_start|>", "<|im_start|>assistant\\n<think>\\n")),
     ChatFamily("qwen2.5", tool_parser="hermes", markers=("<|im_start|>", "<tool_call>")),
     ChatFamily("llama3", tool_parser="llama3_json", tool_start="{", strip_content_before_tools=False,
+               turn_ends=("<|eom_id|>",),
                markers=("<|start_header_id|>", "<|eot_id|>")),
     ChatFamily("mistral", tool_parser="mistral", call_ids="random9", tool_start="[TOOL_CALLS]", tool_needs_call=True,
                markers=("[INST]", "[TOOL_CALLS]")),
@@ -77,6 +81,7 @@ FAMILIES: dict[str, ChatFamily] = {f.name: f for f in (
                markers=("[gMASK]", "<|observation|>", "<arg_key>")),
     ChatFamily("gpt-oss", tool_parser="harmony", effort_kwarg="reasoning_effort", reasoning_field="thinking",
                closing_aliases={"<|return|>": "<|end|>"}, tool_start="<|start|>assistant to=", tool_needs_call=True,
+               turn_ends=("<|call|>",),
                markers=("<|channel|>", "<|message|>", "reasoning_effort")),
 )}
 

@@ -84,11 +84,22 @@ class ChatRenderer:
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_ids: set[int] = set(getattr(tokenizer, "all_special_ids", None) or ())
         self.eos_ids |= {eos} if isinstance(eos, int) else set(eos or ())
+        # Added tokens flagged special (role and end tokens) are not text either.
+        self.eos_ids |= {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
+                         if getattr(t, "special", False)}
         vocab = getattr(tokenizer, "get_vocab", dict)()
         self.stop_role_ids: dict[int, str] = {vocab[t]: t for t in fam.stop_role_tokens if t in vocab}
+        self.turn_end_ids: dict[int, str] = {vocab[t]: t for t in fam.turn_ends if t in vocab}
+        self.eos_ids |= set(self.stop_role_ids) | set(self.turn_end_ids)
         self._closings: dict[str, tuple[str, list[int]]] = {}
         self._parser: TurnParser | None = None
-        self.closing_text, self.closing_ids = self.closing(None)
+        self._gen_prefix: str | None = None
+        try:  # templates that require tools get their closing per session (closing(tools))
+            self.closing_text, self.closing_ids = self.closing(None)
+        except TemplateError:
+            raise
+        except Exception:
+            self.closing_text, self.closing_ids = "", []
 
     # -- text and tokens --------------------------------------------------------------------------------------------
     def render(self, messages: list[dict], *, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
@@ -146,18 +157,21 @@ class ChatRenderer:
                 return k
         return 0
 
-    def generation_prefix(self, messages: list[dict], prompt_text: str, tools: list[dict] | None) -> str:
+    def generation_prefix(self, prompt_text: str) -> str:
         """Returns the part of the generation prompt that the template counts as the assistant message's own text
-        (QwQ's ``<think>\\n``, DeepSeek's ``<think>``; usually empty): the prompt's tail after where a rendered
-        assistant message's content would begin."""
-        try:
-            with_turn = self.render(messages + [{"role": "assistant", "content": _MARKER}], add_generation_prompt=False,
-                                    tools=tools)
-        except Exception:
-            return ""
-        at = with_turn.find(_MARKER)
-        n = _common_prefix(prompt_text, with_turn[:at] if at >= 0 else with_turn)
-        return prompt_text[n:]
+        (QwQ's ``<think>\\n``, DeepSeek's ``<think>``; usually empty), when ``prompt_text`` ends with it.
+
+        Found once on a probe conversation: the generation prompt's tail after where a rendered assistant message's
+        content would begin (history-dependent renderings of the actual conversation cannot shift it)."""
+        if self._gen_prefix is None:
+            user = [{"role": "user", "content": _PROBE}]
+            try:
+                p = self.render(user, add_generation_prompt=True)
+                q = self.render(user + [{"role": "assistant", "content": _MARKER}], add_generation_prompt=False)
+                self._gen_prefix = p[_common_prefix(p, q[: max(q.find(_MARKER), 0)]):]
+            except Exception:
+                self._gen_prefix = ""
+        return self._gen_prefix if self._gen_prefix and prompt_text.endswith(self._gen_prefix) else ""
 
     @property
     def parser(self) -> TurnParser:
@@ -170,9 +184,8 @@ class ChatRenderer:
         """Returns the model's turn read with the family's parser and the assistant message the template reads for
         it (tool calls get deterministic ids from ``seed``). ``raw_text``: generation-prompt suffix + decoded turn."""
         turn = self.parser.parse(raw_text, token_ids, tools)
-        for i, c in enumerate(turn.calls):
-            if not c.id or self.family.call_ids == "random9":
-                c.id = call_id(self.family, seed, i)
+        for i, c in enumerate(turn.calls):  # deterministic ids (vLLM's are random): runs repeat
+            c.id = call_id(self.family, seed, i)
         return turn, assistant_message(self.family, turn, raw_text)
 
     def handover(self, messages: list[dict], stream_text: str, prompt_len: int, tools: list[dict] | None
