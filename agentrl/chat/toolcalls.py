@@ -141,6 +141,7 @@ class VLLMTurnParser:
         except TypeError as e:
             raise ValueError(f"tool_parser {tool_parser!r} / reasoning_parser {reasoning_parser!r}: {e}") from e
         self.names = (tool_parser, reasoning_parser)
+        self._parser: Any = None
 
     def _request(self, tools: list[dict] | None) -> Any:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -149,16 +150,24 @@ class VLLMTurnParser:
                                      tools=tools or None, tool_choice="auto" if tools else "none",
                                      chat_template_kwargs=self.template_kwargs or None)
 
-    def parse(self, text: str, token_ids: list[int] | None = None, tools: list[dict] | None = None) -> ParsedTurn:
+    def _new_parser(self) -> Any:
         try:
-            parser = self.parser_cls(self.tokenizer, None, chat_template_kwargs=self.template_kwargs)
+            return self.parser_cls(self.tokenizer, None, chat_template_kwargs=self.template_kwargs)
         except TypeError:
-            parser = self.parser_cls(self.tokenizer)
+            return self.parser_cls(self.tokenizer)
+
+    def parse(self, text: str, token_ids: list[int] | None = None, tools: list[dict] | None = None) -> ParsedTurn:
+        # One parser instance serves every whole-completion parse (building one reads the whole vocabulary); the
+        # streaming state it keeps is not used by parse().
+        if self._parser is None:
+            self._parser = self._new_parser()
+        parser = self._parser
         req = self._request(tools or [{"type": "function", "function": {"name": "_", "parameters": {}}}])
         try:
             reasoning, content, calls = parser.parse(text, req, enable_auto_tools=True,
                                                      model_output_token_ids=list(token_ids or ()))
         except Exception as e:  # a parser bug or malformed output is the model's turn, never a crash
+            self._parser = None
             return ParsedTurn(content=text, errors=[f"{self.names[0]} parser failed: {e!r}"])
         out = ParsedTurn(content=content or "", reasoning=reasoning)
         for i, fc in enumerate(calls or (), 1):

@@ -17,6 +17,7 @@ Converted tokenizers are cached as ``tokenizer.json`` under ``$AGENTRL_CACHE`` o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.resources as ir
 import os
@@ -60,10 +61,9 @@ def _cached(name: str, source: Path, build) -> str:
     return str(path)
 
 
-def qwen_tokenizer(chat_template: str):
-    """The real Qwen vocabulary (see the module docstring), eos ``<|im_end|>``."""
+@functools.lru_cache(maxsize=None)
+def _qwen_backend():
     from tokenizers import AddedToken, Tokenizer
-    from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     vocab = Path(str(ir.files("dashscope") / "resources" / "qwen.tiktoken"))
@@ -77,7 +77,14 @@ def qwen_tokenizer(chat_template: str):
     tk = Tokenizer.from_file(_cached("qwen", vocab, build))
     for i, t, _ in QWEN_ADDED:
         assert tk.token_to_id(t) == i, (t, tk.token_to_id(t), i)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    return tk
+
+
+def qwen_tokenizer(chat_template: str):
+    """The real Qwen vocabulary (see the module docstring), eos ``<|im_end|>``."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=_qwen_backend(), eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                  clean_up_tokenization_spaces=False)
     hf.chat_template = chat_template
     return hf

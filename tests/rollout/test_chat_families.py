@@ -361,10 +361,14 @@ def test_tokenizer_class_mismatch_is_fixed(tmp_path):
     cfg_path.write_text(json.dumps(cfg))
     from tokenizers import Tokenizer
 
+    from transformers import AutoTokenizer
+
     ref = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
-    loaded = load_tokenizer(tmp_path)
     text = "Hello world!\n\n  x = f(1, 2)"
-    assert list(loaded(text, add_special_tokens=False)["input_ids"]) == ref.encode(text, add_special_tokens=False).ids
+    want = ref.encode(text, add_special_tokens=False).ids
+    assert list(AutoTokenizer.from_pretrained(tmp_path)(text, add_special_tokens=False)["input_ids"]) != want
+    loaded = load_tokenizer(tmp_path)
+    assert list(loaded(text, add_special_tokens=False)["input_ids"]) == want
     assert loaded.chat_template
 
 
@@ -374,3 +378,14 @@ async def test_gpt_oss_call_token_ends_the_turn_without_a_closing():
     assert "<|call|><|start|>functions.calculator to=assistant<|channel|>commentary<|message|>\"5\"<|end|>" in text
     assert "<|call|><|return|>" not in text and "<|return|><|end|>" not in text
     assert s.token_record().info["chat/drift_env"] >= 1  # the template drops the analysis and rewrites <|return|>
+
+
+def test_chat_config_is_typed_and_validated():
+    from agentrl.config import ConfigError, from_dict
+
+    c = from_dict(RolloutConfig, {"chat": {"family": "qwen3", "thinking": False, "template_mode": "split"}}, "r.yaml")
+    assert (c.chat.family, c.chat.thinking, c.chat.template_mode) == ("qwen3", False, "split")
+    with pytest.raises(ConfigError, match="chat.template_mode: expected one of"):
+        from_dict(RolloutConfig, {"chat": {"template_mode": "splt"}}, "r.yaml")
+    with pytest.raises(ConfigError, match="chat: family must be"):
+        from_dict(RolloutConfig, {"chat": {"family": "qwen4"}}, "r.yaml")
