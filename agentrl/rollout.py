@@ -152,7 +152,8 @@ class AgentLoopSession(PolicySession):
     tokens of a segment are exactly the prompt of its last request plus that request's output.
     ``stats`` counts ``requests``, ``resubmits``, ``generate_s`` (seconds awaiting the engine), ``drift_handover``
     (turns whose re-rendering differs from what the model saw and wrote), ``drift_env`` (env turns whose rendering
-    does not extend the stream; handled by the template mode) and ``segments``.
+    does not extend the stream; handled by the template mode), ``segments`` and ``tool_parse_errors`` (malformed
+    calls in the model's own format).
     """
 
     def __init__(self, policy: "AgentLoopPolicy", meta: EpisodeMeta):
@@ -168,7 +169,7 @@ class AgentLoopSession(PolicySession):
         self.prompt_len = 0
         self.turns = 0
         self.stats: dict[str, float] = {"requests": 0, "resubmits": 0, "generate_s": 0.0, "drift_handover": 0,
-                                        "drift_env": 0, "segments": 1}
+                                        "drift_env": 0, "segments": 1, "tool_parse_errors": 0}
         self.drifts: list[str] = []  # one line per drift (kind, turn, where), for the trajectory's info
         self._segments: list[int] = []  # lengths of the closed segments
         self._seg_start = 0
@@ -202,8 +203,7 @@ class AgentLoopSession(PolicySession):
 
     def token_record(self) -> TokenRecord:
         segments = self._segments + [len(self.token_ids) - self._seg_start] if self._segments else []
-        info = {"chat/drift_handover": self.stats["drift_handover"], "chat/drift_env": self.stats["drift_env"],
-                "chat/segments": self.stats["segments"]}
+        info = {f"chat/{k}": self.stats[k] for k in ("drift_handover", "drift_env", "segments", "tool_parse_errors")}
         if self.drifts:
             info["chat/drifts"] = list(self.drifts[-8:])
         return TokenRecord(
@@ -306,6 +306,8 @@ class AgentLoopSession(PolicySession):
         text = self.chat.decode_after(context, text_ids)
         turn, msg = self.chat.read_turn(gen_prefix + text, text_ids, self.tools,
                                         seed=f"{self.meta.trajectory_id}/{self.turns}")
+        self.stats["tool_parse_errors"] += len(turn.errors)
+        self.policy.counts["tool_parse_errors"] += len(turn.errors)
         if self.chat.family.tool_parser == "agentrl":
             msg = {"role": "assistant", "content": text}  # the tiny model's template reads its calls from the text
         self.messages = self.messages + [msg]
@@ -397,7 +399,7 @@ class AgentLoopPolicy(Policy):
         self.chat = ChatRenderer(tokenizer, self.cfg.chat, self.cfg.chat_template_kwargs)
         self.tools = tools
         self.sessions_opened = 0
-        self.counts: dict[str, int] = {"drift_handover": 0, "drift_env": 0}
+        self.counts: dict[str, int] = {"drift_handover": 0, "drift_env": 0, "tool_parse_errors": 0}
         # The context bound: the config's, or the engine's max_model_len when that is smaller.
         engine_len = getattr(engine, "max_model_len", None)
         self.max_context_tokens = min(self.cfg.max_context_tokens, engine_len or self.cfg.max_context_tokens)
@@ -416,10 +418,11 @@ class AgentLoopPolicy(Policy):
         return AgentLoopSession(self, meta)
 
     def metrics(self) -> dict[str, float]:
-        """Returns ``chat/family``-independent counters over all sessions: ``chat/drift_handover``,
-        ``chat/drift_env`` (see :class:`AgentLoopSession`) and ``chat/sessions``."""
-        return {"chat/drift_handover": float(self.counts["drift_handover"]),
-                "chat/drift_env": float(self.counts["drift_env"]), "chat/sessions": float(self.sessions_opened)}
+        """Returns counters over all sessions: ``chat/drift_handover``, ``chat/drift_env``, ``chat/tool_parse_errors``
+        (see :class:`AgentLoopSession`) and ``chat/sessions``."""
+        out = {f"chat/{k}": float(v) for k, v in self.counts.items()}
+        out["chat/sessions"] = float(self.sessions_opened)
+        return out
 
     @property
     def version(self) -> int:

@@ -129,7 +129,7 @@ class VLLMTurnParser:
     vLLM's chat-completions server runs them (``ParserManager`` composes the pair)."""
 
     def __init__(self, tokenizer: Any, tool_parser: str, reasoning_parser: str | None = None,
-                 template_kwargs: dict[str, Any] | None = None):
+                 template_kwargs: dict[str, Any] | None = None, tool_start: str | None = None):
         from vllm.parser.parser_manager import ParserManager
 
         self.tokenizer = tokenizer
@@ -141,6 +141,7 @@ class VLLMTurnParser:
         except TypeError as e:
             raise ValueError(f"tool_parser {tool_parser!r} / reasoning_parser {reasoning_parser!r}: {e}") from e
         self.names = (tool_parser, reasoning_parser)
+        self.tool_start = tool_start  # a call was started: reading none is a parse error, not plain content
         self._parser: Any = None
 
     def _request(self, tools: list[dict] | None) -> Any:
@@ -174,6 +175,8 @@ class VLLMTurnParser:
             args = _decode_args(fc.name, fc.arguments, i, out.errors)
             if args is not None:
                 out.calls.append(ParsedCall(fc.name, args, raw_arguments=fc.arguments, id=fc.id))
+        if not calls and self.tool_start and len(self.tool_start) > 1 and self.tool_start in (content or ""):
+            out.errors.append(f"a tool call was started ({self.tool_start!r}) but {self.names[0]} read none")
         return out
 
 
@@ -183,7 +186,7 @@ def make_parser(family: ChatFamily, tokenizer: Any, template_kwargs: dict[str, A
         return AgentrlTurnParser()
     if family.tool_parser == "harmony":
         return HarmonyTurnParser()
-    return VLLMTurnParser(tokenizer, family.tool_parser, family.reasoning_parser, template_kwargs)
+    return VLLMTurnParser(tokenizer, family.tool_parser, family.reasoning_parser, template_kwargs, family.tool_start)
 
 
 def assistant_message(family: ChatFamily, turn: ParsedTurn, raw_text: str) -> dict[str, Any]:

@@ -389,3 +389,14 @@ def test_chat_config_is_typed_and_validated():
         from_dict(RolloutConfig, {"chat": {"template_mode": "splt"}}, "r.yaml")
     with pytest.raises(ConfigError, match="chat: family must be"):
         from_dict(RolloutConfig, {"chat": {"family": "qwen4"}}, "r.yaml")
+
+
+async def test_malformed_native_tool_call_is_counted_not_fatal():
+    tok = tokenizer("qwen2.5")
+    bad = '<tool_call>\n{"name": "calculator", "arguments": {"expression": 2+3}\n</tool_call><|im_end|>'
+    engine = ScriptEngine([encode(tok, bad)])
+    policy = AgentLoopPolicy(engine, tok, RolloutConfig(), tools=TOOLS)
+    s = policy.session(EpisodeMeta("bad", "g", "test/Env-v0", 0))
+    a = await s.act([dict(m) for m in TOOL_EPISODE[0]])
+    assert a.tool_calls == [] and s.token_record().info["chat/tool_parse_errors"] == 1
+    assert policy.metrics()["chat/tool_parse_errors"] == 1.0
