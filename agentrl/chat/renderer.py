@@ -94,6 +94,8 @@ class ChatRenderer:
         self._closings: dict[str, tuple[str, list[int]]] = {}
         self._parser: TurnParser | None = None
         self._gen_prefix: str | None = None
+        if fam.tool_parser not in ("agentrl", "harmony"):
+            self._parser = make_parser(fam, tokenizer, self.kwargs)  # a bad parser name fails here, not mid-episode
         try:  # templates that require tools get their closing per session (closing(tools))
             self.closing_text, self.closing_ids = self.closing(None)
         except TemplateError:

@@ -138,8 +138,9 @@ class VLLMTurnParser:
             self.parser_cls = ParserManager.get_parser(tool_parser_name=tool_parser,
                                                        reasoning_parser_name=reasoning_parser,
                                                        enable_auto_tools=True)
-        except TypeError as e:
-            raise ValueError(f"tool_parser {tool_parser!r} / reasoning_parser {reasoning_parser!r}: {e}") from e
+        except (TypeError, KeyError) as e:
+            raise ValueError(f"chat.tool_parser {tool_parser!r} (reasoning parser {reasoning_parser!r}) is not one of "
+                             f"vLLM's parsers ({e}); use agentrl, harmony or a name vLLM registers") from e
         self.names = (tool_parser, reasoning_parser)
         self.tool_start = tool_start  # a call was started: reading none is a parse error, not plain content
         self._parser: Any = None
@@ -160,11 +161,11 @@ class VLLMTurnParser:
     def parse(self, text: str, token_ids: list[int] | None = None, tools: list[dict] | None = None) -> ParsedTurn:
         # One parser instance serves every whole-completion parse (building one reads the whole vocabulary); the
         # streaming state it keeps is not used by parse().
-        if self._parser is None:
-            self._parser = self._new_parser()
-        parser = self._parser
-        req = self._request(tools or [{"type": "function", "function": {"name": "_", "parameters": {}}}])
         try:
+            if self._parser is None:
+                self._parser = self._new_parser()
+            parser = self._parser
+            req = self._request(tools or [{"type": "function", "function": {"name": "_", "parameters": {}}}])
             reasoning, content, calls = parser.parse(text, req, enable_auto_tools=True,
                                                      model_output_token_ids=list(token_ids or ()))
         except Exception as e:  # a parser bug or malformed output is the model's turn, never a crash

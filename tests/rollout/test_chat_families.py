@@ -400,3 +400,8 @@ async def test_malformed_native_tool_call_is_counted_not_fatal():
     a = await s.act([dict(m) for m in TOOL_EPISODE[0]])
     assert a.tool_calls == [] and s.token_record().info["chat/tool_parse_errors"] == 1
     assert policy.metrics()["chat/tool_parse_errors"] == 1.0
+
+
+def test_unknown_tool_parser_fails_at_construction():
+    with pytest.raises(ValueError, match="chat.tool_parser 'nope'"):
+        ChatRenderer(tokenizer("qwen2.5"), ChatConfig(tool_parser="nope"))
