@@ -269,7 +269,7 @@ class AgentLoopSession(PolicySession):
             raise ValueError("the first act() needs the env's opening messages")
         c, convo = self._next_prompt(msgs)
         new_segment = c.kind == "drift"
-        closing_text, closing_ids = self._closing
+        closing_ids = self._closing[1]
         used = 0 if new_segment else len(self.token_ids) - self._seg_start
         room = self.policy.max_context_tokens - used - len(c.ids) - len(closing_ids)
         if room < 1:
@@ -291,20 +291,10 @@ class AgentLoopSession(PolicySession):
         context = self.token_ids[-4:]
         gen = await self._generate(min(self.cfg.max_tokens_per_turn, room))
         self._append_generated(gen)
-        k = self.chat.closing_overlap(gen.token_ids, closing_ids)
-        last = gen.token_ids[-1] if gen.token_ids else None
-        if k == 0 and last in self.chat.turn_end_ids:  # a turn-ending token of its own (gpt-oss <|call|>)
-            end_text, text_ids = self.chat.turn_end_ids[last], gen.token_ids[:-1]
-        else:
-            self._append_fixed(closing_ids[k:])
-            end_text, text_ids = closing_text, gen.token_ids[: len(gen.token_ids) - k]
-        self._stop_role = ""
-        while text_ids and text_ids[-1] in self.chat.eos_ids:
-            if k == 0 and not self._stop_role and text_ids[-1] in self.chat.stop_role_ids:
-                self._stop_role = self.chat.stop_role_ids[text_ids[-1]]
-            text_ids = text_ids[:-1]
-        text = self.chat.decode_after(context, text_ids)
-        turn, msg = self.chat.read_turn(gen_prefix + text, text_ids, self.tools,
+        end = self.chat.end_turn(context, gen.token_ids, self.tools)
+        self._append_fixed(end.append_ids)
+        text, self._stop_role = end.text, end.stop_role
+        turn, msg = self.chat.read_turn(gen_prefix + text, end.text_ids, self.tools,
                                         seed=f"{self.meta.trajectory_id}/{self.turns}")
         self.stats["tool_parse_errors"] += len(turn.errors)
         self.policy.counts["tool_parse_errors"] += len(turn.errors)
@@ -312,8 +302,8 @@ class AgentLoopSession(PolicySession):
             msg = {"role": "assistant", "content": text}  # the tiny model's template reads its calls from the text
         self.messages = self.messages + [msg]
         self._last_turn = msg
-        self._text += text + self._stop_role + end_text
-        drift = self.chat.handover(self.messages, prompt_render + text + end_text, len(prompt_render), self.tools)
+        self._text += end.stream_text
+        drift = self.chat.handover(self.messages, prompt_render + text + end.end_text, len(prompt_render), self.tools)
         if drift is not None:
             self._drift("handover", f"{drift[1]} differs at character {drift[0]}")
         self.turns += 1

@@ -50,6 +50,26 @@ class Continuation:
     rendered: str = ""
 
 
+@dataclass
+class TurnEnd:
+    """How a generated turn ends in the stream (:meth:`ChatRenderer.end_turn`). ``append_ids``: closing tokens the
+    model did not generate (appended with loss mask 0). ``text_ids`` / ``text``: the generated ids that are the turn's
+    text (without the closing it generated and without trailing stop tokens) and their text. ``stop_role``: a role
+    token the model stopped on (GLM), which stays in the stream as the next message's start. ``end_text``: the turn's
+    end as the template writes it (the closing, or a turn-ending token such as gpt-oss ``<|call|>``)."""
+
+    append_ids: list[int]
+    text_ids: list[int]
+    text: str
+    stop_role: str
+    end_text: str
+
+    @property
+    def stream_text(self) -> str:
+        """The text the turn adds to the stream after its prompt (what ``prev_text`` must grow by)."""
+        return self.text + self.stop_role + self.end_text
+
+
 def _common_prefix(a: str, b: str) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -158,6 +178,24 @@ class ChatRenderer:
             if generated[-k:] == closing_ids[:k]:
                 return k
         return 0
+
+    def end_turn(self, context: list[int], generated: list[int], tools: list[dict] | None) -> TurnEnd:
+        """Returns how the ``generated`` ids (after the stream's ``context`` ids) end their turn: the closing part
+        the model wrote (largest ``k`` with ``generated[-k:] == closing[:k]``) and the rest to append, or a
+        turn-ending token of the family's own; trailing stop tokens are not text."""
+        closing_text, closing_ids = self.closing(tools)
+        k = self.closing_overlap(generated, closing_ids)
+        last = generated[-1] if generated else None
+        if k == 0 and last in self.turn_end_ids:
+            append, end_text, text_ids = [], self.turn_end_ids[last], list(generated[:-1])
+        else:
+            append, end_text, text_ids = closing_ids[k:], closing_text, list(generated[: len(generated) - k])
+        stop_role = ""
+        while text_ids and text_ids[-1] in self.eos_ids:
+            if k == 0 and not stop_role and text_ids[-1] in self.stop_role_ids:
+                stop_role = self.stop_role_ids[text_ids[-1]]
+            text_ids = text_ids[:-1]
+        return TurnEnd(list(append), text_ids, self.decode_after(context, text_ids), stop_role, end_text)
 
     def generation_prefix(self, prompt_text: str) -> str:
         """Returns the part of the generation prompt that the template counts as the assistant message's own text

@@ -405,3 +405,30 @@ async def test_malformed_native_tool_call_is_counted_not_fatal():
 def test_unknown_tool_parser_fails_at_construction():
     with pytest.raises(ValueError, match="chat.tool_parser 'nope'"):
         ChatRenderer(tokenizer("qwen2.5"), ChatConfig(tool_parser="nope"))
+
+
+def test_renderer_api_for_a_gateway():
+    """The calls a gateway makes per request, on Qwen3 with thinking: a tool result after a tool call extends the
+    stream (append: exact tokens, nothing re-encoded); a new user message after a thinking turn drifts (the template
+    strips the reasoning), and the new segment's ids are the template's own prompt."""
+    tok = tokenizer("qwen3-think")
+    r = ChatRenderer(tok, ChatConfig(thinking=True))
+    msgs = [{"role": "user", "content": "What is 2+3?"}]
+    prompt_text, ids = r.prompt(msgs, TOOLS)
+    gen = encode(tok, qwen3_think("Use the tool.", hermes_call("2+3")) + "<|im_end|>")
+    end = r.end_turn(ids[-4:], gen, TOOLS)
+    assert end.append_ids == encode(tok, "\n") and end.end_text == "<|im_end|>\n"
+    turn, msg = r.read_turn(r.generation_prefix(prompt_text) + end.text, end.text_ids, TOOLS, seed="s")
+    oa = turn.openai_tool_calls()
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in oa] == \
+        [("calculator", {"expression": "2+3"})] and turn.reasoning.strip() == "Use the tool."
+    assert r.handover(msgs + [msg], prompt_text + end.text + end.end_text, len(prompt_text), TOOLS) is None
+    stream_ids, stream_text = ids + gen + end.append_ids, prompt_text + end.stream_text
+    msgs = msgs + [msg, {"role": "tool", "content": "5", "tool_call_id": oa[0]["id"]}]
+    c = r.continue_from(stream_text, msgs, TOOLS)
+    assert c.kind == "append" and tok.decode(c.ids).startswith("<|im_start|>user\n<tool_response>\n5")
+    assert r.encode(c.rendered)[: len(stream_ids)] == stream_ids  # the same tokens a full re-render gives
+    msgs = msgs + [{"role": "assistant", "content": "5", "reasoning_content": "Done."},
+                   {"role": "user", "content": "And 3*4?"}]
+    c = r.continue_from(stream_text + c.text + "<think>\nDone.\n</think>\n\n5<|im_end|>\n", msgs, TOOLS)
+    assert c.kind == "drift" and "Use the tool." not in c.text and c.ids == r.prompt(msgs, TOOLS)[1]
