@@ -491,9 +491,9 @@ def build_policy(cfg: PolicyConfig, kwargs_by_env: dict[str, dict[str, Any]] | N
                          "policy.engine")
     # Token-in/token-out needs the served model's own tokenizer (and chat template).
     tokenizer_dir = ecfg.tokenizer or ecfg.resolved_model()
-    from transformers import AutoTokenizer
+    from agentrl.chat import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
     engine = make_engine(ecfg)
     policy = AgentLoopPolicy(engine, tokenizer, rollout)
 

@@ -567,6 +567,8 @@ class EnvManager:
                     traj.token_ids, traj.loss_mask = list(rec.token_ids), list(rec.loss_mask)
                     traj.logprobs, traj.versions = list(rec.logprobs), list(rec.versions)
                     traj.prompt_len = rec.prompt_len
+                    traj.segments = list(getattr(rec, "segments", None) or [])
+                    traj.info = {**traj.info, **(getattr(rec, "info", None) or {})}
             except Exception as e:
                 traj.info = {**traj.info, "token_record_error": repr(e)}
             try:

@@ -23,7 +23,8 @@ class Action:
     ``text`` is what the env's ``step`` receives. ``token_ids``/``logprobs``/``versions`` describe the generated
     tokens of this turn (aligned, possibly empty for text-only policies). ``finish_reason`` is the engine's
     (``"stop"``, ``"length"``, ``"abort"``...). ``context_exhausted`` says the conversation hit the policy's max
-    context, and the manager then ends the episode as truncated.
+    context, and the manager then ends the episode as truncated. ``tool_calls``: the calls the policy read from its
+    own output, OpenAI-style (``id``, ``type``, ``function.name``, ``function.arguments`` as a JSON string).
     """
 
     text: str
@@ -32,17 +33,22 @@ class Action:
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     context_exhausted: bool = False
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
 class TokenRecord:
-    """The token-level part of a trajectory (see :mod:`agentrl.trajectory` for the invariants)."""
+    """The token-level part of a trajectory (see :mod:`agentrl.trajectory` for the invariants). ``segments``: the
+    lengths of the training samples ``token_ids`` is split into (empty: one). ``info``: per-episode counters the
+    trajectory's ``info`` gets."""
 
     token_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float]
     versions: list[int]
     prompt_len: int
+    segments: list[int] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

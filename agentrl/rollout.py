@@ -1,33 +1,38 @@
 """The vLLM agent loop: a :class:`~agentrl.policy.Policy` that turns an episode into token ids, token-in/token-out.
 
-One :class:`AgentLoopSession` per episode keeps the trajectory's token ids across turns:
+One :class:`AgentLoopSession` per episode keeps the trajectory's token ids across turns; rendering is
+:class:`agentrl.chat.ChatRenderer`'s (the model's own chat template, family and template mode from
+``RolloutConfig.chat``):
 
 - **Opening turn.** The env's opening messages are rendered with the chat template (``add_generation_prompt=True``)
   and tokenized; these are the prompt tokens (``loss_mask`` 0, ``prompt_len``).
 - **Generated tokens** are appended exactly as the engine returned them (never decoded and re-encoded), with
-  ``loss_mask`` 1, the engine's behavior log-prob and the weight version that produced each token.
-  ``Action.text`` is their decoded text (without the closing tokens matched below and trailing special tokens
-  such as eos), for the env only.
-- **Assistant closing.** Chat templates end an assistant message with fixed text (Qwen: ``<|im_end|>\\n``). The
-  policy finds that text once, by rendering an assistant message whose content is a marker and taking what follows
-  the marker; call its tokens ``C``. After a turn's generated tokens ``G``, let ``k`` be the largest number
-  ``0 <= k <= len(C)`` with ``G[-k:] == C[:k]`` (the part of the closing the model already produced, e.g. the
-  ``<|im_end|>`` it stopped on); the loop appends ``C[k:]`` with ``loss_mask`` 0. So a turn that stopped on eos gets
-  the missing ``\\n``, a turn cut by ``max_tokens`` gets the whole ``<|im_end|>\\n``, and the token stream always
-  matches what the template would put between turns (the classic lost newline at turn boundaries cannot happen).
-- **Env turns.** The conversation (assistant turns as their decoded text) is rendered without the new messages
-  (``add_generation_prompt=False``) and with them (``add_generation_prompt=True``); the second must start with the
-  first (else :class:`TemplateError`: the template is not prefix-stable), and the token difference
-  ``encode(with)[len(encode(without)):]`` is appended with ``loss_mask`` 0. When the boundary touches an added token
-  (Qwen: ``...<|im_end|>\\n`` | ``<|im_start|>user...``) the two sides tokenize independently, so only the new text
-  is tokenized (cost per turn: the renders plus the new tokens, not the whole conversation); otherwise both are
-  tokenized and the token prefix is checked as well. Several messages of one step (e.g. tool results, role
-  ``tool``) are rendered together, so templates that group consecutive tool messages come out right.
+  ``loss_mask`` 1, the engine's behavior log-prob and the weight version that produced each token. The turn is read
+  with the family's tool-call format (:mod:`agentrl.chat.toolcalls`) into the structured assistant message the
+  template gets in later renders (reasoning field, ``tool_calls`` with ids; tool messages that follow get the
+  matching ``tool_call_id``). ``Action.text`` is for the env: the decoded text for the tiny model's format, else the
+  content with the calls written in :mod:`agentrl.tools`' format; ``Action.tool_calls`` holds them OpenAI-style.
+- **Assistant closing.** Chat templates end an assistant message with fixed text (Qwen: ``<|im_end|>\\n``), found
+  once per tool set by rendering a marker message with the session's tools; call its tokens ``C``. After a turn's
+  generated tokens ``G``, let ``k`` be the largest number with ``G[-k:] == C[:k]``; the loop appends ``C[k:]`` with
+  ``loss_mask`` 0 (a turn that stopped on eos gets the missing ``\\n``, a turn cut by ``max_tokens`` the whole
+  closing). A model that stops on the next message's role token (GLM's ``<|observation|>``) keeps it, and the
+  next message is appended without it.
+- **Both sides of every turn are checked.** After each generation, the conversation with the model's turn is
+  re-rendered and compared with the prompt the model was given + its turn + the closing (``handover``); before each
+  env turn, the rendering with the new messages must extend the stream (prefix-stable text, and no token merge at
+  the boundary). Either drift is counted (``stats``, ``token_record().info``). An env turn that does not extend the
+  stream is handled by the template mode: ``strict`` raises :class:`TemplateError`; ``keep`` appends what the
+  template renders for the new messages after the model's own turn (history stays as the model saw it); ``split``
+  starts a new segment whose prompt is the template's own rendering (each segment is one training sample with
+  exactly its own context; ``TokenRecord.segments`` holds their lengths). Only the new text is tokenized when the
+  boundary touches an added token, so a turn costs its renders plus its new tokens. Several messages of one step
+  are rendered together (templates that group consecutive tool messages come out right).
 - **Stop conditions.** The env ending the episode is the manager's job. The session returns an action with
   ``context_exhausted=True`` (the manager then truncates the episode) instead of generating when the episode has had
   ``max_turns`` turns (``finish_reason="max_turns"``) or when the new env tokens would leave no room for one
   generated token plus the closing within ``max_context_tokens`` (``finish_reason="max_context"``; those env tokens
-  are then not appended, so ``len(token_ids) <= max_context_tokens`` always holds). A turn ends on the engine's
+  are then not appended, so every segment holds at most ``max_context_tokens`` tokens). A turn ends on the engine's
   stop (eos, stop strings, stop token ids) or on ``max_tokens_per_turn`` (or the room left in the context).
 - **Aborted turns.** A request that comes back with ``finish_reason == "abort"`` (a weight update in abort mode) is
   resubmitted with ``prompt + tokens so far`` for the remaining tokens; tokens keep the version that produced them.
@@ -44,16 +49,14 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.chat import ChatConfig, ChatRenderer, Continuation, TemplateError, canonical_text
 from agentrl.core import Message
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.policy import Action, EpisodeMeta, Policy, PolicySession, TokenRecord
 
-_MARKER = "\u2063AGENTRL-CLOSING-MARKER\u2063"
 _ROLES = ("system", "user", "assistant", "tool")
-
-
-class TemplateError(ValueError):
-    """The chat template cannot be used token-in/token-out (not prefix-stable, or no recognisable closing)."""
+ChatTokens = ChatRenderer  # the name this class had before it moved to agentrl.chat
+__all__ = ["AgentLoopPolicy", "AgentLoopSession", "ChatTokens", "RolloutConfig", "TemplateError", "rollout"]
 
 
 @dataclass
@@ -66,9 +69,9 @@ class RolloutConfig:
     ``ignore_eos`` keeps generating past eos (benchmarks only).
     Limits: ``max_turns`` assistant turns per episode, ``max_context_tokens`` for the whole trajectory (lowered to
     the engine's ``max_model_len`` when the engine has a smaller one).
-    ``tools``: pass the episode's tool schemas to the chat template. ``chat_template_kwargs`` are passed to
-    ``apply_chat_template`` (e.g. ``enable_thinking``). ``max_resubmits``: aborted requests of one turn that may be
-    resubmitted before the turn fails.
+    ``tools``: pass the episode's tool schemas to the chat template. ``chat``: the model family, template mode and
+    family options (:class:`agentrl.chat.ChatConfig`). ``chat_template_kwargs`` are passed to ``apply_chat_template``
+    as they are. ``max_resubmits``: aborted requests of one turn that may be resubmitted before the turn fails.
     """
 
     temperature: float = 1.0
@@ -82,6 +85,7 @@ class RolloutConfig:
     max_turns: int = 16
     max_context_tokens: int = 2048
     tools: bool = True
+    chat: ChatConfig = field(default_factory=ChatConfig)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_resubmits: int = 64
 
@@ -102,6 +106,7 @@ class RolloutConfig:
             raise ValueError(f"max_resubmits must be >= 0, got {self.max_resubmits}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
+        self.chat.validate()
 
     def sampling_params(self, max_tokens: int, seed: int | None) -> SamplingParams:
         """Returns the engine's params for one request of at most ``max_tokens`` tokens."""
@@ -119,96 +124,6 @@ class RolloutConfig:
         return params
 
 
-class ChatTokens:
-    """The chat template of one tokenizer, as token ids: rendering, the assistant closing, prefix-stable deltas.
-
-    ``tokenizer`` is a Hugging Face tokenizer with a chat template. Rendering is text-level
-    (``apply_chat_template(tokenize=False)``) and tokenization never adds special tokens of its own (the template
-    writes any BOS it wants).
-    """
-
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None):
-        if not getattr(tokenizer, "chat_template", None):
-            raise TemplateError(f"tokenizer {getattr(tokenizer, 'name_or_path', tokenizer)!r} has no chat template")
-        self.tokenizer = tokenizer
-        self.kwargs = dict(chat_template_kwargs or {})
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        # Added tokens (specials like <|im_start|> included) are split out of the text before the tokenizer's model
-        # runs, so text on either side of one is tokenized independently.
-        added = getattr(tokenizer, "get_added_vocab", lambda: {})()
-        self.added_tokens: tuple[str, ...] = tuple(sorted(added, key=len, reverse=True))
-        self.closing_text = self._find_closing()
-        self.closing_ids: list[int] = self.encode(self.closing_text)
-        # Trailing special tokens (eos, or e.g. <|endoftext|> from generation_config's extra eos ids) are not text.
-        eos = getattr(tokenizer, "eos_token_id", None)
-        self.eos_ids: set[int] = set(getattr(tokenizer, "all_special_ids", None) or ())
-        self.eos_ids |= {eos} if isinstance(eos, int) else set(eos or ())
-
-    def render(self, messages: list[Message], *, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
-        """Returns the template's text for ``messages``."""
-        text = self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False, **self.kwargs
-        )
-        if not isinstance(text, str):
-            raise TemplateError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
-        return text
-
-    def encode(self, text: str) -> list[int]:
-        if self._backend is not None:  # the Rust tokenizer itself: same ids, a fraction of the Python overhead
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
-
-    def _find_closing(self) -> str:
-        convo = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARKER}]
-        text = self.render(convo, add_generation_prompt=False)
-        at = text.rfind(_MARKER)
-        if at < 0:
-            raise TemplateError("the chat template does not render an assistant message's content verbatim")
-        return text[at + len(_MARKER):]
-
-    def closing_overlap(self, generated: list[int]) -> int:
-        """Returns the largest ``k`` with ``generated[-k:] == closing_ids[:k]`` (0 if none)."""
-        c = self.closing_ids
-        for k in range(min(len(c), len(generated)), 0, -1):
-            if generated[-k:] == c[:k]:
-                return k
-        return 0
-
-    def delta(self, prev_text: str, messages: list[Message], tools: list[dict] | None) -> list[int]:
-        """Returns the tokens the template adds for the last messages of ``messages`` plus the generation prompt,
-        given ``prev_text``, the rendering of the conversation before them (without generation prompt): the token
-        difference ``encode(next)[len(encode(prev_text)):]`` where ``next`` is the rendering with them.
-
-        The rendering with the new messages must start with ``prev_text``, else :class:`TemplateError` (the
-        template is not prefix-stable). When the boundary touches an added token (``...<|im_end|>\n`` |
-        ``<|im_start|>...``), the two sides tokenize independently and only the new text is tokenized; otherwise
-        both renderings are tokenized and the token prefix is checked too.
-        """
-        role = messages[-1].get("role") if messages else None
-        text = self.render(messages, add_generation_prompt=True, tools=tools)
-        if not text.startswith(prev_text):
-            i = next((j for j, (a, b) in enumerate(zip(text, prev_text)) if a != b), min(len(text), len(prev_text)))
-            raise TemplateError(
-                f"chat template is not prefix-stable: rendering the conversation with the new {role!r} message "
-                f"changes earlier text (first difference at character {i}: {prev_text[i:i + 40]!r} became "
-                f"{text[i:i + 40]!r})"
-            )
-        new_text = text[len(prev_text):]
-        if new_text.startswith(self.added_tokens) or prev_text.endswith(self.added_tokens) or not prev_text:
-            return self.encode(new_text)
-        prev_ids, full = self.encode(prev_text), self.encode(text)
-        n = len(prev_ids)
-        if full[:n] != prev_ids:
-            raise TemplateError(
-                f"chat template is not prefix-stable at the token level: the new {role!r} message's text "
-                f"{new_text[:40]!r} merges with the tokens before it"
-            )
-        return full[n:]
-
-
 def _check_messages(messages: Any) -> list[Message]:
     if isinstance(messages, str):
         return [{"role": "user", "content": messages}]
@@ -220,7 +135,7 @@ def _check_messages(messages: Any) -> list[Message]:
             raise ValueError(
                 f"new_messages[{i}] must be a dict with role in {_ROLES} and a string content, got {m!r:.200}"
             )
-        out.append(dict(m))
+        out.append(dict(m))  # extra keys (tool_call_id, name) pass through to the template
     return out
 
 
@@ -233,24 +148,35 @@ class AgentLoopSession(PolicySession):
 
     Invariants after every :meth:`act`: ``token_ids``, ``loss_mask``, ``logprobs`` and ``versions`` are aligned;
     ``loss_mask`` is 1 exactly on generated tokens, which carry the engine's log-prob and a version >= 0; every
-    other token has log-prob 0.0 and version -1; ``len(token_ids) <= max_context_tokens``.
-    ``stats`` counts ``requests``, ``resubmits`` and ``generate_s`` (seconds awaiting the engine).
+    other token has log-prob 0.0 and version -1; each segment holds at most ``max_context_tokens`` tokens, and the
+    tokens of a segment are exactly the prompt of its last request plus that request's output.
+    ``stats`` counts ``requests``, ``resubmits``, ``generate_s`` (seconds awaiting the engine), ``drift_handover``
+    (turns whose re-rendering differs from what the model saw and wrote), ``drift_env`` (env turns whose rendering
+    does not extend the stream; handled by the template mode), ``segments`` and ``tool_parse_errors`` (malformed
+    calls in the model's own format).
     """
 
     def __init__(self, policy: "AgentLoopPolicy", meta: EpisodeMeta):
         self.policy, self.meta = policy, meta
         self.tools: list[dict] | None = None  # resolved at the first act(), after the env's reset
         self.cfg = policy.cfg
-        self.chat = policy.chat
-        self.messages: list[Message] = []
+        self.chat: ChatRenderer = policy.chat
+        self.messages: list[Message] = []  # as the template reads them (structured assistant turns)
         self.token_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
         self.prompt_len = 0
         self.turns = 0
-        self.stats: dict[str, float] = {"requests": 0, "resubmits": 0, "generate_s": 0.0}
-        self._prev_text: str | None = None  # render(messages) after the last assistant turn
+        self.stats: dict[str, float] = {"requests": 0, "resubmits": 0, "generate_s": 0.0, "drift_handover": 0,
+                                        "drift_env": 0, "segments": 1, "tool_parse_errors": 0}
+        self.drifts: list[str] = []  # one line per drift (kind, turn, where), for the trajectory's info
+        self._segments: list[int] = []  # lengths of the closed segments
+        self._seg_start = 0
+        self._text: str | None = None  # the current segment's text as the template sees it
+        self._last_turn: dict[str, Any] | None = None
+        self._stop_role = ""  # a role token the model stopped on (GLM), already in the stream
+        self._closing: tuple[str, list[int]] = (self.chat.closing_text, self.chat.closing_ids)
         self._inflight: str | None = None
         self._closed = False
 
@@ -276,67 +202,125 @@ class AgentLoopSession(PolicySession):
         self.versions += [int(v) for v in gen.versions]
 
     def token_record(self) -> TokenRecord:
+        segments = self._segments + [len(self.token_ids) - self._seg_start] if self._segments else []
+        info = {f"chat/{k}": self.stats[k] for k in ("drift_handover", "drift_env", "segments", "tool_parse_errors")}
+        if self.drifts:
+            info["chat/drifts"] = list(self.drifts[-8:])
         return TokenRecord(
             token_ids=list(self.token_ids),
             loss_mask=list(self.loss_mask),
             logprobs=list(self.logprobs),
             versions=list(self.versions),
             prompt_len=self.prompt_len,
+            segments=segments,
+            info=info,
         )
 
+    def _drift(self, kind: str, detail: str) -> None:
+        self.stats[f"drift_{kind}"] += 1
+        self.policy.counts[f"drift_{kind}"] += 1
+        self.drifts.append(f"turn {self.turns} {kind}: {detail[:200]}")
+
     # -- the turn -------------------------------------------------------------------------------------------------
+    def _with_call_ids(self, msgs: list[Message]) -> list[Message]:
+        """Tool messages answer the last turn's calls in order: they get its ``tool_call_id`` (and ``name``) when
+        they lack them; for templates that refuse a tool message answering no call, such a message goes as a user
+        message."""
+        calls = (self._last_turn or {}).get("tool_calls") or []
+        out, i = [], 0
+        for m in msgs:
+            if m["role"] == "tool":
+                if i < len(calls):
+                    m.setdefault("tool_call_id", calls[i]["id"])
+                    m.setdefault("name", calls[i]["function"]["name"])
+                elif self.chat.family.tool_needs_call and "tool_call_id" not in m:
+                    m = {"role": "user", "content": m["content"]}
+                i += 1
+            out.append(m)
+        return out
+
+    def _next_prompt(self, msgs: list[Message]) -> tuple[Continuation, list[Message]]:
+        if self._text is None:
+            self.tools = self.policy.tools_for(self.meta)
+            self._closing = self.chat.closing(self.tools)
+            text, ids = self.chat.prompt(msgs, self.tools)
+            return Continuation("append", ids, text, rendered=text), msgs
+        msgs = self._with_call_ids(msgs)
+        convo = self.messages + msgs
+        c = self.chat.continue_from(self._text, convo, self.tools)
+        if c.kind == "drift":
+            self._drift("env", c.reason)
+            if self.chat.mode == "strict":
+                raise TemplateError(f"chat template is not prefix-stable: {c.reason}; set rollout.chat.template_mode "
+                                    f"to keep or split to train on such a template")
+            if self.chat.mode == "keep":
+                text = self.chat.keep_suffix(self._last_turn or {"role": "assistant", "content": ""}, msgs,
+                                             self._stop_role)
+                c = Continuation("keep", self.chat.encode(text), text, c.at, c.reason, c.rendered)
+        return c, convo
+
     async def act(self, new_messages: list[Message]) -> Action:
         if self._closed:
             raise RuntimeError(f"session {self.meta.trajectory_id} is closed")
         msgs = _check_messages(new_messages)
         if self.turns >= self.cfg.max_turns:
             return Action(text="", finish_reason="max_turns", context_exhausted=True)
-        convo = self.messages + msgs
-        if self._prev_text is None:
-            if not msgs:
-                raise ValueError("the first act() needs the env's opening messages")
-            self.tools = self.policy.tools_for(self.meta)
-            new_ids = self.chat.encode(self.chat.render(convo, add_generation_prompt=True, tools=self.tools))
-        else:
-            new_ids = self.chat.delta(self._prev_text, convo, self.tools)
-        reserve = len(self.chat.closing_ids)
-        room = self.policy.max_context_tokens - len(self.token_ids) - len(new_ids) - reserve
+        if self._text is None and not msgs:
+            raise ValueError("the first act() needs the env's opening messages")
+        c, convo = self._next_prompt(msgs)
+        new_segment = c.kind == "drift"
+        closing_ids = self._closing[1]
+        used = 0 if new_segment else len(self.token_ids) - self._seg_start
+        room = self.policy.max_context_tokens - used - len(c.ids) - len(closing_ids)
         if room < 1:
             return Action(text="", finish_reason="max_context", context_exhausted=True)
-        self._append_fixed(new_ids)
+        if new_segment:
+            self._segments.append(len(self.token_ids) - self._seg_start)
+            self._seg_start = len(self.token_ids)
+            self.stats["segments"] += 1
+            self._text = c.text
+        else:
+            self._text = (self._text or "") + c.text
+        self._append_fixed(c.ids)
         self.messages = convo
         if self.turns == 0:
             self.prompt_len = len(self.token_ids)
+        prompt_render = c.rendered or self._text
+        gen_prefix = "" if self.chat.family.tool_parser == "agentrl" else self.chat.generation_prefix(self._text)
 
+        context = self.token_ids[-4:]
         gen = await self._generate(min(self.cfg.max_tokens_per_turn, room))
         self._append_generated(gen)
-        k = self.chat.closing_overlap(gen.token_ids)
-        self._append_fixed(self.chat.closing_ids[k:])
-        text_ids = gen.token_ids[: len(gen.token_ids) - k]
-        while text_ids and text_ids[-1] in self.chat.eos_ids:
-            text_ids = text_ids[:-1]
-        text = self.chat.decode(text_ids)
-        self.messages = self.messages + [{"role": "assistant", "content": text}]
-        rendered = self.chat.render(self.messages, add_generation_prompt=False, tools=self.tools)
-        if not rendered.endswith(self.chat.closing_text):
-            raise TemplateError(
-                f"the chat template does not end this assistant message with {self.chat.closing_text!r} "
-                f"(it ends with {rendered[-40:]!r})"
-            )
-        self._prev_text = rendered
+        end = self.chat.end_turn(context, gen.token_ids, self.tools)
+        self._append_fixed(end.append_ids)
+        text, self._stop_role = end.text, end.stop_role
+        turn, msg = self.chat.read_turn(gen_prefix + text, end.text_ids, self.tools,
+                                        seed=f"{self.meta.trajectory_id}/{self.turns}")
+        self.stats["tool_parse_errors"] += len(turn.errors)
+        self.policy.counts["tool_parse_errors"] += len(turn.errors)
+        if self.chat.family.tool_parser == "agentrl":
+            msg = {"role": "assistant", "content": text}  # the tiny model's template reads its calls from the text
+        self.messages = self.messages + [msg]
+        self._last_turn = msg
+        self._text += end.stream_text
+        drift = self.chat.handover(self.messages, prompt_render + text + end.end_text, len(prompt_render), self.tools)
+        if drift is not None:
+            self._drift("handover", f"{drift[1]} differs at character {drift[0]}")
         self.turns += 1
+        native = self.chat.family.tool_parser != "agentrl"
         return Action(
-            text=text,
+            text=canonical_text(turn) if native else text,
             token_ids=list(gen.token_ids),
             logprobs=list(gen.logprobs),
             versions=list(gen.versions),
             finish_reason=gen.finish_reason,
+            tool_calls=turn.openai_tool_calls(),
         )
 
     async def _generate(self, max_tokens: int) -> Generation:
         """Returns this turn's tokens; aborted requests are resubmitted with the tokens so far."""
         engine = self.policy.engine
-        prompt = list(self.token_ids)
+        prompt = self.token_ids[self._seg_start:]
         out = Generation(token_ids=[], logprobs=[], versions=[], finish_reason="length")
         attempt = 0
         t0 = time.perf_counter()
@@ -402,9 +386,10 @@ class AgentLoopPolicy(Policy):
         self.engine = engine
         self.cfg = cfg or RolloutConfig()
         self.cfg.validate()
-        self.chat = ChatTokens(tokenizer, self.cfg.chat_template_kwargs)
+        self.chat = ChatRenderer(tokenizer, self.cfg.chat, self.cfg.chat_template_kwargs)
         self.tools = tools
         self.sessions_opened = 0
+        self.counts: dict[str, int] = {"drift_handover": 0, "drift_env": 0, "tool_parse_errors": 0}
         # The context bound: the config's, or the engine's max_model_len when that is smaller.
         engine_len = getattr(engine, "max_model_len", None)
         self.max_context_tokens = min(self.cfg.max_context_tokens, engine_len or self.cfg.max_context_tokens)
@@ -421,6 +406,13 @@ class AgentLoopPolicy(Policy):
     def session(self, meta: EpisodeMeta) -> AgentLoopSession:
         self.sessions_opened += 1
         return AgentLoopSession(self, meta)
+
+    def metrics(self) -> dict[str, float]:
+        """Returns counters over all sessions: ``chat/drift_handover``, ``chat/drift_env``, ``chat/tool_parse_errors``
+        (see :class:`AgentLoopSession`) and ``chat/sessions``."""
+        out = {f"chat/{k}": float(v) for k, v in self.counts.items()}
+        out["chat/sessions"] = float(self.sessions_opened)
+        return out
 
     @property
     def version(self) -> int:

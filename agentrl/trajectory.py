@@ -6,6 +6,11 @@ log-probability reported by the engine and ``versions[i]`` the policy version th
 other token (prompt, chat template, env messages) ``logprobs[i] == 0.0`` and ``versions[i] == -1``.
 A trajectory may span weight updates, so versions can differ within one trajectory; the version range is derived
 from them, never stored instead of them.
+
+Segments: when the chat template rewrites history (``rollout.chat.template_mode: split``), one episode is several
+training samples, each with exactly the context its tokens were generated in. ``segments`` then holds their lengths
+(summing to ``len(token_ids)``) and ``token_ids`` their concatenation; the trainer treats each segment as its own
+sequence with the trajectory's advantage (:meth:`Trajectory.segment_slices`). Empty ``segments``: one sample.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class Trajectory:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     prompt_len: int = 0  # tokens of the opening messages (always loss_mask 0)
+    segments: list[int] = field(default_factory=list)  # lengths of the training samples (empty: one)
     messages: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)  # one per env step
     reward: float = 0.0  # final (episode) reward used for advantages
@@ -60,6 +66,19 @@ class Trajectory:
                 raise ValueError(f"trajectory {self.id}: generated token {i} has no policy version")
             if m == 0 and v != -1:
                 raise ValueError(f"trajectory {self.id}: non-generated token {i} has version {v} (must be -1)")
+        if self.segments and (sum(self.segments) != n or any(s < 1 for s in self.segments)):
+            raise ValueError(f"trajectory {self.id}: segments {self.segments!r:.100} must be positive lengths "
+                             f"summing to len(token_ids)={n}")
+
+    def segment_slices(self) -> list[tuple[int, int]]:
+        """Returns ``(start, end)`` of each training sample in ``token_ids`` (one slice when not segmented)."""
+        if not self.segments:
+            return [(0, len(self.token_ids))]
+        out, at = [], 0
+        for n in self.segments:
+            out.append((at, at + n))
+            at += n
+        return out
 
     @property
     def num_generated(self) -> int:

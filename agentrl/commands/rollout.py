@@ -101,8 +101,7 @@ async def run(cfg: RolloutRunConfig, engine: Any = None) -> int:
     import sys
     import time
 
-    from transformers import AutoTokenizer
-
+    from agentrl.chat import load_tokenizer
     from agentrl.config import from_dict
     from agentrl.inference.config import EngineConfig, make_engine
     from agentrl.manager import EnvManager, EpisodeSpec
@@ -122,7 +121,7 @@ async def run(cfg: RolloutRunConfig, engine: Any = None) -> int:
         t = time.perf_counter()
         model = str(ensure_tiny_model())
         print(f"agentrl rollout: tiny model at {model} ({time.perf_counter() - t:.1f} s)", file=sys.stderr)
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = load_tokenizer(model)
     t = time.perf_counter()
     own_engine = engine is None
     if own_engine:

@@ -303,10 +303,11 @@ class VLLMEngine(InferenceEngine):
 
     # ---- extras ---------------------------------------------------------------------------------------------
     def get_tokenizer(self) -> Any:
-        """The model's Hugging Face tokenizer (with its chat template), loaded from :attr:`model_path`."""
-        from transformers import AutoTokenizer
+        """The model's Hugging Face tokenizer (with its chat template), loaded from :attr:`model_path` with the ids its
+        ``tokenizer.json`` defines (:func:`agentrl.chat.load_tokenizer`)."""
+        from agentrl.chat import load_tokenizer
 
-        return AutoTokenizer.from_pretrained(self.cfg.tokenizer or self.model_path)
+        return load_tokenizer(self.cfg.tokenizer or self.model_path)
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """The engine's log-probability of each of ``token_ids[1:]`` given the tokens before it, under the current

@@ -320,21 +320,27 @@ class Trainer:
                 log.warning("dropping trajectory from the batch: %s", e)
                 dropped += 1
                 continue
-            n = len(t.token_ids)
-            if max_len is not None and n > max_len:
-                n = max_len
-                truncated += 1
-            seqs.append(
-                _Seq(
-                    ids=torch.tensor(t.token_ids[:n], dtype=torch.long),
-                    mask=torch.tensor(t.loss_mask[1:n], dtype=torch.float32),
-                    behav=torch.tensor([b if m else 0.0 for b, m in zip(behav[1:n], t.loss_mask[1:n])],
-                                       dtype=torch.float32),
-                    versions=torch.tensor(t.versions[1:n], dtype=torch.long),
-                    adv=adv,
-                    reward=float(t.reward),
+            # A segmented trajectory (template mode "split") is one sequence per segment, each with exactly its own
+            # context and the trajectory's advantage.
+            for a, b in t.segment_slices():
+                if b - a < 2:
+                    continue
+                n = b - a
+                if max_len is not None and n > max_len:
+                    n = max_len
+                    truncated += 1
+                lm = t.loss_mask[a + 1:a + n]
+                seqs.append(
+                    _Seq(
+                        ids=torch.tensor(t.token_ids[a:a + n], dtype=torch.long),
+                        mask=torch.tensor(lm, dtype=torch.float32),
+                        behav=torch.tensor([x if m else 0.0 for x, m in zip(behav[a + 1:a + n], lm)],
+                                           dtype=torch.float32),
+                        versions=torch.tensor(t.versions[a + 1:a + n], dtype=torch.long),
+                        adv=adv,
+                        reward=float(t.reward),
+                    )
                 )
-            )
         if not seqs:
             raise ValueError(f"no trainable trajectory in a batch of {len(trajectories)} ({dropped} invalid)")
         info = {"batch/dropped_invalid": float(dropped), "batch/truncated_seqs": float(truncated)}
@@ -356,7 +362,15 @@ class Trainer:
         """Returns ``logp: [B, T]`` (float32, CPU, no grad) with the current weights, where ``T = longest - 1`` and
         ``logp[i, t] = log pi(tokens_i[t+1] | tokens_i[:t+1])`` (temperature applied); 0.0 beyond each sequence.
         Accepts trajectories or plain token-id lists. Compare with a trajectory's engine log-probs as
-        ``logp[i, t]`` vs ``traj.logprobs[t + 1]``."""
+        ``logp[i, t]`` vs ``traj.logprobs[t + 1]``. A segmented trajectory's tokens are scored within their own
+        segment; ``logp`` is 0.0 at the first token of each later segment (it has no context there)."""
+        if any(isinstance(b, Trajectory) and b.segments for b in batch):
+            flat = [(i, a, b) for i, t in enumerate(batch) for a, b in t.segment_slices()]  # type: ignore[union-attr]
+            parts = self.compute_logprobs([batch[i].token_ids[a:b] for i, a, b in flat])  # type: ignore[union-attr]
+            out = torch.zeros(len(batch), max(len(t.token_ids) for t in batch) - 1)  # type: ignore[union-attr]
+            for row, (i, a, b) in zip(parts, flat):
+                out[i, a:b - 1] = row[: b - a - 1]
+            return out
         ids = [list(b.token_ids) if isinstance(b, Trajectory) else list(b) for b in batch]
         for i, x in enumerate(ids):
             if len(x) < 2:

@@ -392,3 +392,37 @@ def test_bf16_options_train_on_cpu(tiny_model_dir: Path, tmp_path: Path, dtype: 
     tr2.load_checkpoint(ck)
     for k, v in tr.model.state_dict().items():
         assert torch.equal(tr2.model.state_dict()[k], v), k
+
+
+def test_segmented_trajectory_trains_as_its_segments(tiny_model_dir: Path) -> None:
+    """A trajectory split into segments (template mode "split") is trained as one sequence per segment, each in its
+    own context, with the trajectory's advantage: the same update as the segments given as separate trajectories,
+    and not the update of the concatenation."""
+    s1 = make_traj("a.0", "g", PROMPT, GOOD, 1.0)
+    s2 = make_traj("a.1", "g", PROMPT + [5, 6], BAD[:3], 1.0)
+    seg = Trajectory(id="a", group_id="g", env_id="test", token_ids=s1.token_ids + s2.token_ids,
+                     loss_mask=s1.loss_mask + s2.loss_mask, logprobs=s1.logprobs + s2.logprobs,
+                     versions=s1.versions + s2.versions, prompt_len=len(PROMPT), reward=1.0,
+                     segments=[len(s1.token_ids), len(s2.token_ids)])
+    seg.validate()
+    flat = copy.deepcopy(seg)
+    flat.segments = []
+    with pytest.raises(ValueError, match="segments"):
+        Trajectory(**{**seg.__dict__, "segments": [3, 3]}).validate()
+
+    ref = Trainer(cfg(), tiny_model_dir)
+    lp = ref.compute_logprobs([seg])
+    parts = ref.compute_logprobs([s1, s2])
+    n1 = len(s1.token_ids)
+    assert torch.allclose(lp[0, : n1 - 1], parts[0, : n1 - 1], atol=1e-6)
+    assert torch.allclose(lp[0, n1: len(seg.token_ids) - 1], parts[1, : len(s2.token_ids) - 1], atol=1e-6)
+    assert lp[0, n1 - 1] == 0.0  # the first token of segment 2 has no context in its own segment
+
+    results = []
+    for batch in ([seg], [s1, s2], [flat]):
+        tr = Trainer(cfg(), tiny_model_dir)
+        m = tr.train_step(batch, advantages=[1.0] * len(batch))
+        results.append((m["batch/num_seqs"], torch.cat([p.detach().flatten() for p in tr.model.parameters()])))
+    assert results[0][0] == results[1][0] == 2.0 and results[2][0] == 1.0
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-6)
+    assert not torch.allclose(results[0][1], results[2][1], atol=1e-6)
