@@ -155,6 +155,8 @@ class SWEEnv(Env):
     """
 
     description = "SWE-bench-style bug fixing in a docker/bwrap sandbox (offline suite of 13 repos by default)"
+    #: ``agentrl eval`` writes one SWE-bench prediction per instance (an empty patch when the episode errored).
+    writes_predictions = True
 
     def __init__(
         self,
