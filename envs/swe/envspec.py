@@ -39,7 +39,6 @@ from agentrl.config import ConfigError, from_dict
 PYTHON_SUITES: dict[str, str] = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
 #: The version of the base image (``agentrl-base:latest``, Debian bookworm).
 DEFAULT_PYTHON = "3.11"
-_REQ_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*([<>=!~]=?[^;\s]+(\s*,\s*[<>=!~]=?[^;\s]+)*)?(\s*;.+)?$")
 
 
 class EnvSpecError(ValueError):
@@ -79,9 +78,13 @@ class EnvSpec:
         if self.python not in PYTHON_SUITES:
             known = ", ".join(f"{v} (Debian {s})" for v, s in PYTHON_SUITES.items())
             raise ValueError(f"python {self.python!r} cannot be built: the versions available are {known}")
+        from packaging.requirements import InvalidRequirement, Requirement
+
         for i, req in enumerate(self.pip):
-            if not isinstance(req, str) or not _REQ_RE.match(req.strip()):
-                raise ValueError(f"pip[{i}]: {req!r} is not a requirement like 'name==1.2.3'")
+            try:
+                Requirement(req)
+            except (InvalidRequirement, TypeError) as e:
+                raise ValueError(f"pip[{i}]: {req!r} is not a requirement like 'name==1.2.3' ({e})") from None
         for i, p in enumerate(self.pythonpath):
             if p.startswith("/") or ".." in Path(p).parts:
                 raise ValueError(f"pythonpath[{i}]: {p!r} must be a path inside the repository")

@@ -186,7 +186,7 @@ def main(argv=None):
     plugin = Plugin(ids, float(opts["--per-test-timeout"]), guard)
     out.write("@@agentrl:%s:log-begin\n" % nonce)
     out.flush()
-    args = ["-rA", "--tb=short", "-p", "no:cacheprovider", "-o", "console_output_style=classic",
+    args = ["-rA", "--tb=short", "-p", "no:cacheprovider", "-o", "console_output_style=classic", "--continue-on-collection-errors",
             "--rootdir", os.getcwd()] + extra + _files(ids)
     try:
         rc = int(pytest.main(args, plugins=[plugin]))

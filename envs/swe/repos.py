@@ -285,6 +285,13 @@ class RepoStore:
         src = self.source(repo)
         if not commit or any(c.isspace() for c in commit) or commit.startswith("-"):
             raise RepoError(f"repo {repo!r}: invalid base_commit {commit!r}")
+        objects: Path | None = None
+        if src.kind != "files":
+            objects = self._git_source(repo, src)
+            if src.kind == "tarball" and not _is_git_dir(objects):
+                objects = None  # a tarball of plain files: built like a directory
+            else:
+                commit = _resolve(objects, commit, repo)  # the cache is keyed by the full id
         origin = _identity(src.path) if src.kind in ("bundle", "tarball") else str(src.path.resolve())
         key = hashlib.sha1(f"{EXPORT_VERSION}:{src.kind}:{origin}:{commit}".encode()).hexdigest()[:16]
         dest = self.cache_dir / "exports" / f"{repo.replace('/', '__')}-{key}"
@@ -295,9 +302,11 @@ class RepoStore:
             tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=dest.parent))
             try:
                 work = tmp / "repo"
-                objects = self._objects_dir(repo, src, commit, tmp)
-                full = _resolve(objects, commit, repo)
-                _export(objects, full, work, repo)
+                if objects is None:
+                    files_dir = self._git_source(repo, src) if src.kind == "tarball" else src.path
+                    objects = self._build_files(repo, files_dir, commit, tmp)
+                    commit = _resolve(objects, commit, repo)
+                _export(objects, commit, work, repo)
                 try:
                     os.rename(work, dest)
                 except OSError:  # another process built it first
@@ -310,14 +319,6 @@ class RepoStore:
     def checkout(self, repo: str, commit: str) -> Path:
         """The directory of :meth:`export` (a work tree at ``commit``, clean, holding no other commit)."""
         return self.export(repo, commit).path
-
-    def _objects_dir(self, repo: str, src: RepoSource, commit: str, tmp: Path) -> Path:
-        if src.kind != "files":
-            root = self._git_source(repo, src)
-            if src.kind == "tarball" and not _is_git_dir(root):
-                return self._build_files(repo, root, commit, tmp)
-            return root
-        return self._build_files(repo, src.path, commit, tmp)
 
     @staticmethod
     def _build_files(repo: str, files_dir: Path, commit: str, tmp: Path) -> Path:

@@ -84,16 +84,20 @@ async def test_tests_time_out(tmp_path):
     assert overall.duration < 60
 
 
-async def test_test_file_deleted_by_the_patch(tmp_path):
-    # tests/test_account.py holds PASS_TO_PASS tests and the test patch does not touch it: they go missing.
+async def test_test_files_deleted_or_edited_by_the_patch_are_restored(tmp_path):
+    # tests/test_account.py holds PASS_TO_PASS tests and the test patch does not touch it: restored all the same,
+    # as is tests/test_bank.py (touched by the test patch); the gold fix still resolves, the edits are reported.
     gone = make_patch(tmp_path / "a", LEDGER, deletes=["tests/test_account.py"])
-    # tests/test_bank.py is touched by the test patch: it is restored from base_commit before the test patch.
     restored = make_patch(tmp_path / "b", LEDGER, deletes=["tests/test_bank.py"])
-    a, b = await asyncio.gather(grade(LEDGER, gone), grade(LEDGER, restored))
-    assert not a.resolved and a.applied
-    assert a.pass_to_pass["tests.test_account.TestAccount.test_overdraw"] == "missing"
-    assert "PASS_TO_PASS broken" in a.reason and set(a.fail_to_pass.values()) == {"pass"}
-    assert b.resolved, b.reason
+    # without the fix, making the graded tests trivial does not help: they are restored
+    trivial = make_patch(tmp_path / "c", LEDGER, gold=False, edits={
+        "tests/test_bank.py": lambda s: s.replace("def test_", "def _off_").replace("class ", "class _Off") + "\n",
+    })
+    a, b, c = await asyncio.gather(grade(LEDGER, gone), grade(LEDGER, restored), grade(LEDGER, trivial))
+    assert a.resolved and a.protected_touched == ["tests/test_account.py"], a.reason
+    assert b.resolved and b.protected_touched == ["tests/test_bank.py"], b.reason
+    assert not c.resolved and c.protected_touched == ["tests/test_bank.py"]
+    assert set(c.fail_to_pass.values()) == {"fail"}, c.reason
 
 
 async def test_pass_to_pass_broken(tmp_path):
