@@ -17,7 +17,7 @@ Layers, each built once, atomically (a temp dir renamed) and under a file lock (
    ``.git/info/exclude``; changing tracked files is an error).
 
 Backends: bwrap runs the Python base's root filesystem with the instance layer bind-mounted read-only at
-``/agentrl``; docker runs the image ``agentrl-swe:<key>`` (``FROM`` the Python base, ``COPY`` of the instance
+``/agentrl``; docker runs the image ``agentrl-swe:<key>-<base id>`` (``FROM`` the Python base, ``COPY`` of the instance
 layer), built with the engine's builder, network off. Build steps run in bwrap over the base root filesystem when
 bwrap works here, else in a docker container of the base image. Episodes copy ``/agentrl/repo`` into the writable
 work dir inside the sandbox (:func:`materialize`): nothing is uploaded from the driver per sandbox.
@@ -147,8 +147,8 @@ def python_base(version: str, base_image: str = "agentrl-base:latest") -> Python
 # certificates; user `agent`, uid 1000; a world-writable /workspace).
 _DEBOOTSTRAP = r"""
 set -eu
-rootfs=$1; suite=$2; mirror=$3
-debootstrap --variant=minbase --include=python3,git,procps,ca-certificates "$suite" "$rootfs" "$mirror"
+rootfs=$1; suite=$2; mirror=$3; extra=$4
+debootstrap --variant=minbase --include=python3,git,procps,ca-certificates$extra "$suite" "$rootfs" "$mirror"
 grep -q '^agent:' "$rootfs/etc/passwd" || {
     echo 'agent:x:1000:1000:agentrl sandbox user:/tmp:/bin/sh' >>"$rootfs/etc/passwd"
     echo 'agent:x:1000:' >>"$rootfs/etc/group"
@@ -182,7 +182,9 @@ def ensure_python_base(base: PythonBase, *, docker: bool, log: Log = print) -> N
             tmp = Path(tempfile.mkdtemp(prefix=f".{base.rootfs.name}-", dir=base.rootfs.parent))
             t0 = time.monotonic()
             log(f"building the Python {base.version} root filesystem (Debian {base.suite}, debootstrap)")
-            proc = subprocess.run(["sh", "-c", _DEBOOTSTRAP, "sh", str(tmp / "rootfs"), base.suite, _debian_mirror()],
+            # pip needs distutils before Python 3.10, and Debian ships it apart from python3 (bullseye)
+            extra = ",python3-distutils" if base.version in ("3.9",) else ""
+            proc = subprocess.run(["sh", "-c", _DEBOOTSTRAP, "sh", str(tmp / "rootfs"), base.suite, _debian_mirror(), extra],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
             if proc.returncode != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -434,11 +436,13 @@ def build_instance_layer(instance: Any, export: Export, spec: EnvSpec, base: Pyt
 
 def ensure_docker_image(layer: Path, base: PythonBase, key: str, log: Log = print) -> str:
     """Returns the tag of the docker image of an instance layer (``FROM`` the base, the layer at ``/agentrl``),
-    building it with the engine's builder (network off) unless it exists."""
+    building it with the engine's builder (network off) unless it exists. The tag names the base image's id too,
+    so a rebuilt base image gets new instance images."""
     from agentrl.sandboxes.build import docker_image_exists
     from agentrl.sandboxes.docker import docker_client
 
-    tag = f"{DOCKER_REPO}:{key}"
+    base_id = docker_client().api.inspect_image(base.tag)["Id"].split(":")[-1]
+    tag = f"{DOCKER_REPO}:{key}-{base_id[:12]}"
     with _locked(f"docker-{key}"):
         if docker_image_exists(tag):
             return tag

@@ -139,3 +139,16 @@ async def test_bwrap_backend_grades_the_same():
     gold, empty = await asyncio.gather(grade(STATS, STATS.patch, spec=spec), grade(STATS, "", spec=spec))
     assert gold.resolved and gold.reason == "resolved"
     assert not empty.resolved and set(empty.fail_to_pass.values()) == {"fail"}
+
+
+@pytest.mark.bwrap
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+async def test_grades_as_another_unprivileged_user(backend):
+    """The sandbox user may be any unprivileged uid (not the image's 1000): the work dir is the user's, the image's
+    /agentrl is only read."""
+    from agentrl.sandboxes import SandboxSpec
+
+    spec = SandboxSpec(backend=backend, user="4242:4242")
+    gold, empty = await asyncio.gather(grade(STATS, STATS.patch, spec=spec), grade(STATS, "", spec=spec))
+    assert gold.resolved, gold.log[-2000:]
+    assert not empty.resolved and set(empty.fail_to_pass.values()) == {"fail"}
