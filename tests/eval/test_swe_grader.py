@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.envs.swe.grader import grade
 from agentrl.envs.swe.instances import load_instances
-from agentrl.envs.swe.repos import SUITE_INSTANCES, RepoStore, git
+from agentrl.envs.swe.repos import SUITE_INSTANCES, RepoStore, git, patch_paths
 
 pytestmark = pytest.mark.docker
 
@@ -152,3 +152,40 @@ async def test_grades_as_another_unprivileged_user(backend):
     gold, empty = await asyncio.gather(grade(STATS, STATS.patch, spec=spec), grade(STATS, "", spec=spec))
     assert gold.resolved, gold.log[-2000:]
     assert not empty.resolved and set(empty.fail_to_pass.values()) == {"fail"}
+
+
+async def test_authoring_uses_the_real_base_commit_and_measures_tests_in_the_image(tmp_path):
+    """Two commits of a repository (the fix and its new tests in the second): the instance starts at the first
+    commit's own id (given abbreviated), and FAIL_TO_PASS/PASS_TO_PASS come from the grader's runs in the image."""
+    from agentrl.envs.swe.authoring import make_instance
+    from agentrl.envs.swe.envspec import EnvSpecs
+    from agentrl.envs.swe.instances import parse_instance
+    from agentrl.sandboxes import SandboxSpec
+
+    repo = tmp_path / "repos" / "acme__dbl"
+    (repo / "m").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "m" / "__init__.py").write_text("def double(x):\n    return x + x if x > 0 else x\n")
+    (repo / "tests" / "__init__.py").write_text("")
+    (repo / "tests" / "test_m.py").write_text(
+        "import unittest\nfrom m import double\n\nclass T(unittest.TestCase):\n"
+        "    def test_pos(self):\n        self.assertEqual(double(2), 4)\n")
+    env = ["-c", "user.name=t", "-c", "user.email=t@t"]
+    git("init", "-q", cwd=repo)
+    git(*env, "add", "-A", cwd=repo)
+    git(*env, "commit", "-qm", "base", cwd=repo)
+    base = git("rev-parse", "HEAD", cwd=repo).strip()
+    (repo / "m" / "__init__.py").write_text("def double(x):\n    return x + x\n")
+    (repo / "tests" / "test_neg.py").write_text(
+        "import unittest\nfrom m import double\n\nclass N(unittest.TestCase):\n"
+        "    def test_neg(self):\n        self.assertEqual(double(-2), -4)\n"
+        "    def test_zero(self):\n        self.assertEqual(double(0), 0)\n")
+    git(*env, "add", "-A", cwd=repo)
+    git(*env, "commit", "-qm", "fix", cwd=repo)
+    data, broken = await make_instance(RepoStore(tmp_path / "repos", tmp_path / "cache"), "acme/dbl", base[:8], "HEAD",
+                                       "double() is wrong for negatives", env_specs=EnvSpecs(),
+                                       sandbox=SandboxSpec(backend="docker"))
+    inst = parse_instance(data)
+    assert inst.base_commit == base and broken == []
+    assert inst.FAIL_TO_PASS == ("tests.test_neg.N.test_neg",) and inst.PASS_TO_PASS == ("tests.test_neg.N.test_zero",)
+    assert patch_paths(inst.patch) == ["m/__init__.py"] and patch_paths(inst.test_patch) == ["tests/test_neg.py"]
