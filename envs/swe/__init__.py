@@ -24,7 +24,16 @@ from .grader import GradeResult, grade
 from .images import ImageBuilder, ImageError
 from .instances import InstanceError, SWEInstance, load_instances, parse_instance
 from .repos import SUITE_INSTANCES, SUITE_REPOS, RepoError, RepoStore, build_git_repo
-from .validate import run_episode, validate_instances
+
+
+def __getattr__(name: str):
+    # validate.py runs as `python -m agentrl.envs.swe.validate`: importing it here eagerly would make runpy warn
+    if name in ("run_episode", "validate_instances"):
+        from . import validate
+
+        return getattr(validate, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "SWEEnv", "SWEEnvConfig", "GoldPatchError", "empty_policy_fn", "oracle_policy_fn",
