@@ -1,6 +1,7 @@
-"""The shipped cheat suite (agentrl.envs.swe.cheats) against the shipped SWE envs: the in-house suite (docker, its
-repository given as a clone whose later commit holds the gold fix) and a real upstream pytest instance (bwrap,
-whose clone holds the newer release). Every cheat must earn reward 0, and the history/test-file ones be flagged."""
+"""The shipped cheat suite (agentrl.envs.swe.cheats) against the shipped SWE envs: the in-house suite (its
+repository given as a clone whose later commit holds the gold fix) and a real upstream pytest instance (whose clone
+holds the newer release). Every cheat must earn reward 0, and the history/test-file ones be flagged. bwrap (the
+cheaper backend: the grader's code is the same on both, and the grading tests cover docker)."""
 
 from __future__ import annotations
 
@@ -23,15 +24,15 @@ def _report(results) -> str:
                      f"{(r.info.get('grade') or {}).get('reason', '')[:200]}" for r in results)
 
 
-@pytest.mark.docker
-async def test_cheats_earn_nothing_on_the_suite(tmp_path, docker_ready):
+@pytest.mark.bwrap
+async def test_cheats_earn_nothing_on_the_suite(tmp_path, bwrap_ready):
     (inst,) = load_instances(SUITE_INSTANCES, [STATS])
     clone = tmp_path / "repos" / "agentrl-suite__statsmini"
     assert build_git_repo(SUITE_REPOS / "statsmini", clone) == inst.base_commit
     (tmp_path / "gold.patch").write_text(inst.patch)
     git("apply", str(tmp_path / "gold.patch"), cwd=clone)
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "the fix", cwd=clone)  # the future
-    spec = SandboxSpec(backend="docker")
+    spec = SandboxSpec(backend="bwrap")
     images = ImageBuilder(spec, RepoStore(tmp_path / "repos", tmp_path / "cache"))
     results = await run_cheats(lambda: SWEEnv([inst], images=images, sandbox=spec), [inst])
     assert len(results) == len(CHEATS) and all(r.ok for r in results), _report(results)
