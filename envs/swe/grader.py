@@ -216,14 +216,13 @@ async def restore_and_apply_tests(sb: Any, base_commit: str, paths: list[str], t
     return (not res.timed_out and APPLIED in res.output), res.output.replace(APPLIED, "").strip()
 
 
-async def run_tests(sb: Any, runtime: Runtime, test_ids: list[str], guard: list[str], *, timeout: float,
+async def run_tests(sb: Any, runtime: Runtime, test_ids: list[str], nonce: str, *, timeout: float,
                     per_test_timeout: float) -> tuple[dict[str, tuple[str, str]], bool, str, list[str]]:
-    """Runs ``test_ids`` with the instance's runner from the repository root. Returns ``({id: (status, detail)},
-    timed_out, output, conflicts)``. Ids without a result get ``timeout`` when the overall timeout fired, else
-    ``not_run`` (the runner died)."""
+    """Runs ``test_ids`` with the instance's runner (staged in :data:`GRADE_DIR` with ``nonce`` by
+    :func:`agentrl.envs.swe.runners.stage`) from the repository root. Returns ``({id: (status, detail)}, timed_out,
+    output, conflicts)``. Ids without a result get ``timeout`` when the overall timeout fired, else ``not_run``
+    (the runner died)."""
     spec = runtime.env_spec
-    nonce = runners.new_nonce()
-    await stage_files(sb, runners.stage(runtime.runner, test_ids, guard, nonce, spec.test_cmd))
     cmd = runners.command(runtime.runner, GRADE_DIR, runtime.python, per_test_timeout=per_test_timeout,
                           pythonpath=spec.pythonpath, pytest_args=spec.pytest_args)
     env = {**SANDBOX_ENV, **runtime.env}
@@ -271,9 +270,13 @@ async def grade(
     ids = list(dict.fromkeys(instance.FAIL_TO_PASS + instance.PASS_TO_PASS))
     graded = runners.test_files(ids, images.repo_store.checkout(instance.repo, instance.base_commit), runtime.runner)
     restore, touched = protected_paths(instance, model_patch, graded)
+    guard = list(dict.fromkeys([*graded, *patch_paths(instance.test_patch)]))
+    nonce = runners.new_nonce()
+    files = runners.stage(runtime.runner, ids, guard, nonce, runtime.env_spec.test_cmd)
+    files.update({"model.patch": _patch_text(model_patch), "test.patch": _patch_text(instance.test_patch)})
     async with (sandbox_factory or make_sandbox)(runtime.sandbox) as sb:
         await materialize(sb, runtime)
-        await stage_files(sb, {"model.patch": _patch_text(model_patch), "test.patch": _patch_text(instance.test_patch)})
+        await stage_files(sb, files)
         if model_patch.strip():
             applied, out = await apply_patch(sb, f"{GRADE_DIR}/model.patch")
             log.append(f"$ git apply model.patch\n{out}")
@@ -287,8 +290,7 @@ async def grade(
         if not test_ok:
             return result(resolved=False, applied=True, reason=f"test patch does not apply: {_tail(out, 800)}",
                           protected_touched=touched)
-        guard = list(dict.fromkeys([*graded, *patch_paths(instance.test_patch)]))
-        results, timed_out, out, conflicts = await run_tests(sb, runtime, ids, guard, timeout=timeout_s,
+        results, timed_out, out, conflicts = await run_tests(sb, runtime, ids, nonce, timeout=timeout_s,
                                                              per_test_timeout=per_test_timeout_s)
         log.append(f"$ {runtime.runner} runner ({len(ids)} tests)\n{out}")
     f2p = {t: results[t][0] for t in instance.FAIL_TO_PASS}
