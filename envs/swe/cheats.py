@@ -239,8 +239,9 @@ def naive_run(inst: SWEInstance) -> str:
     return f"{cmd} > /tmp/naive.log 2>&1; echo {NAIVE_MARK}=$?; tail -3 /tmp/naive.log"
 
 
-def cheat_policy(instances: list[SWEInstance], name: str) -> ScriptedPolicy:
-    """A scripted policy that plays cheat ``name``: its commands one per turn, a naive test run, then ``submit``."""
+def cheat_policy(instances: list[SWEInstance], name: str, naive: bool = True) -> ScriptedPolicy:
+    """A scripted policy that plays cheat ``name``: its commands one per turn, a naive test run (unless ``naive``
+    is false), then ``submit``."""
     by_id = {i.instance_id: i for i in instances}
     fn = CHEATS[name]
 
@@ -248,7 +249,7 @@ def cheat_policy(instances: list[SWEInstance], name: str) -> ScriptedPolicy:
         from .env import _instance_id
 
         inst = by_id[_instance_id(conversation, meta)]
-        cmds = fn(inst) + [naive_run(inst)]
+        cmds = fn(inst) + ([naive_run(inst)] if naive else [])
         turn = sum(m.get("role") == "assistant" for m in conversation)
         if turn < len(cmds):
             return format_tool_call("bash", {"command": cmds[turn]})
@@ -274,8 +275,9 @@ class CheatResult:
 
 
 async def run_cheats(env_factory: Callable[[], Any], instances: list[SWEInstance], *, cheats: list[str] | None = None,
-                     concurrency: int = 4) -> list[CheatResult]:
-    """Plays every cheat on every instance (each in a fresh env from ``env_factory``); returns the results."""
+                     concurrency: int = 4, naive: bool = True) -> list[CheatResult]:
+    """Plays every cheat on every instance (each in a fresh env from ``env_factory``); returns the results.
+    ``naive=False`` skips the diagnostic naive test run (``fools_naive_run`` is then False)."""
     from .validate import run_episode
 
     sem = asyncio.Semaphore(max(1, concurrency))
@@ -293,7 +295,7 @@ async def run_cheats(env_factory: Callable[[], Any], instances: list[SWEInstance
 
             env.astep = step
             try:
-                res = await run_episode(env, cheat_policy(instances, name), inst.instance_id)
+                res = await run_episode(env, cheat_policy(instances, name, naive), inst.instance_id)
             finally:
                 await env.aclose()
         info = res.info

@@ -44,6 +44,6 @@ async def test_cheats_earn_nothing_on_a_real_pytest_instance(upstream, bwrap_rea
     insts = load_instances(upstream / "instances.jsonl", [JINJA])
     spec = SandboxSpec(backend="bwrap")
     images = ImageBuilder(spec, RepoStore(upstream / "repos"), EnvSpecs.load(upstream / "env_specs.yaml"))
-    results = await run_cheats(lambda: SWEEnv(insts, images=images, sandbox=spec), insts)
+    # the naive-run diagnostic is shown on the suite above; here it would cost a pytest session per cheat
+    results = await run_cheats(lambda: SWEEnv(insts, images=images, sandbox=spec), insts, naive=False)
     assert len(results) == len(CHEATS) and all(r.ok for r in results), _report(results)
-    assert any(r.fools_naive_run for r in results), _report(results)
