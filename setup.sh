@@ -34,10 +34,14 @@ esac
 # BFCL's data ships in bfcl-eval; its own requirements (numpy 1.x, an old vllm, API SDKs) conflict with the
 # stack and the loader needs none of them.
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23"
+# The official SWE-bench package, for its test-log parsers and its predictions/dataset loaders. Its requirements
+# (datasets, modal, docker and GitPython pins...) are for running its own harness; agentrl loads only the parsers
+# (agentrl/envs/swe/swebench_compat.py), which need unidiff (a regular dependency).
+"${pip[@]}" --no-deps "swebench==5.0.2"
 # vllm pulls torchvision/torchaudio/torchcodec built for another torch; with torchvision present transformers
 # cannot import Qwen2 ("operator torchvision::nms does not exist"). Text models need none of them.
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$venv/bin/python" -c "import torch, vllm, ray, gymnasium, transformers, docker, aiohttp, yaml, agentrl, bfcl_eval" \
+"$venv/bin/python" -c "import torch, vllm, ray, gymnasium, transformers, docker, aiohttp, yaml, agentrl, bfcl_eval, swebench" \
   || { echo "setup.sh: import check failed" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "agentrl: set up $venv in $(( $(date +%s) - t0 ))s"

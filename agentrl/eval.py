@@ -6,9 +6,11 @@ directory, runs the others with at most ``cfg.concurrency`` episodes alive at on
 - ``trajectories.jsonl``: one record per finished instance (see :func:`episode_record`), the resume key being
   ``(env, instance_id)``;
 - ``predictions.jsonl``: for envs whose final ``info`` carries a ``patch`` (SWE envs), one SWE-bench prediction per
-  instance: ``{"instance_id", "model_name_or_path", "model_patch"}``;
+  instance: ``{"instance_id", "model_name_or_path", "model_patch"}``; an episode of such an env (its class sets
+  ``writes_predictions = True``) that errored gets an empty ``model_patch``, so every instance has one;
 - ``report.json`` and ``report.md``: per env (and per ``info["category"]`` when envs report one) the number of
-  instances, successes, accuracy (or resolved rate), mean reward, tokens and time.
+  instances, successes, accuracy (or resolved rate), mean reward, errors, tokens, time, and ``flagged``: episodes
+  whose final ``info["integrity"]["flagged"]`` is set (SWE: read git history, or edited the tests that grade it).
 
 Consistency (a crash or Ctrl-C at any moment leaves files a rerun can use):
 
@@ -189,6 +191,7 @@ class Instance:
     instance_id: str
     seed: int
     options: tuple[tuple[str, Any], ...] = ()
+    predicts: bool = False  # the env writes SWE-bench predictions (an errored episode gets an empty patch)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -248,9 +251,10 @@ def list_instances(entry: EnvEntry, limit: int | None, seed: int = 0) -> list[In
     try:
         ids = task_ids_of(env.unwrapped)
         kw = tuple(sorted(entry.kwargs.items()))
+        predicts = bool(getattr(env.unwrapped, "writes_predictions", False))
         if ids is not None:
             ids = ids[: n or None]
-            return [Instance(entry.label, entry.id, kw, str(t), i, (("index", i),)) for i, t in enumerate(ids)]
+            return [Instance(entry.label, entry.id, kw, str(t), i, (("index", i),), predicts) for i, t in enumerate(ids)]
         count = n or DEFAULT_SEEDS
         return [Instance(entry.label, entry.id, kw, f"seed-{s}", s) for s in range(seed, seed + count)]
     finally:
@@ -379,15 +383,17 @@ def episode_record(inst: Instance, traj: Trajectory) -> dict[str, Any]:
         "time_s": max(0.0, float(traj.timings.get("total_s", 0.0)) - float(traj.timings.get("queue_s", 0.0))),
         "queue_s": float(traj.timings.get("queue_s", 0.0)),
         "category": info.get("category"),
+        "predicts": inst.predicts,
         "info": info,
         "trajectory": traj.to_dict(),
     }
 
 
 def prediction_of(record: dict[str, Any], model_name: str) -> dict[str, Any] | None:
-    """Returns the SWE-bench prediction of a record whose final info has a ``patch``, else None."""
+    """Returns the SWE-bench prediction of a record whose final info has a ``patch`` (an empty patch for a record
+    of a predicting env without one: an errored episode), else None."""
     info = record.get("info") or {}
-    if "patch" not in info:
+    if "patch" not in info and not record.get("predicts"):
         return None
     patch = info.get("patch")
     return {
@@ -539,7 +545,8 @@ def summarize(records: list[dict[str, Any]], expected: dict[str, int], wall_s: f
               policy: str = "") -> dict[str, Any]:
     """Returns the report: per env (``rows``, in ``expected``'s order) and per (env, category) when records carry a
     category, plus ``total``. Each row: ``n`` done, ``expected``, ``success``, ``accuracy`` (success/n),
-    ``mean_reward``, ``errors``, ``truncated``, ``prompt_tokens``/``generated_tokens`` (sums), ``mean_time_s``."""
+    ``mean_reward``, ``errors``, ``flagged``, ``truncated``, ``prompt_tokens``/``generated_tokens`` (sums),
+    ``mean_time_s``."""
 
     def row(name: str, rs: list[dict[str, Any]], exp: int | None) -> dict[str, Any]:
         n = len(rs)
@@ -552,6 +559,7 @@ def summarize(records: list[dict[str, Any]], expected: dict[str, int], wall_s: f
             "accuracy": succ / n if n else 0.0,
             "mean_reward": sum(float(r.get("reward", 0.0)) for r in rs) / n if n else 0.0,
             "errors": sum(1 for r in rs if r.get("termination") == "error"),
+            "flagged": sum(1 for r in rs if ((r.get("info") or {}).get("integrity") or {}).get("flagged")),
             "truncated": sum(1 for r in rs if r.get("termination") == "truncated"),
             "prompt_tokens": sum(int(r.get("prompt_tokens", 0)) for r in rs),
             "generated_tokens": sum(int(r.get("generated_tokens", 0)) for r in rs),
@@ -599,6 +607,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"Wall time of the last run: {report['wall_s']:.1f} s.")
     if not report.get("complete"):
         lines.append("Incomplete: some instances have no record yet; rerun the same command to finish.")
+    flagged = report["total"].get("flagged", 0)
+    if flagged:
+        per_env = ", ".join(f"{r['env']}: {r['flagged']}" for r in report["rows"] if r.get("flagged"))
+        lines.append(f"Flagged episodes (read git history, or edited the tests or test hooks that grade them): "
+                     f"{flagged} ({per_env}).")
     lines.append("Success = SWE `resolved`, else the env's `correct`, else reward >= 1; errored episodes count as failures.")
     return "\n".join(lines) + "\n"
 
