@@ -2,8 +2,9 @@
 
 ``agentrl eval configs/eval_bfcl_oracle.yaml`` runs an :class:`agentrl.eval.EvalConfig`; flags override the file,
 or replace it: ``agentrl eval --env bfcl --policy oracle --limit 50 --out runs/bfcl``. ``--env`` is repeatable and
-takes env ids or suite names (``bfcl``, ``bfcl-live``, ``bfcl-all``, ``tool-use``, ``swe``). ``--set key=value``
-overrides any config key (``--set policy.rollout.temperature=0``). Rerunning the same command resumes: instances
+takes env ids or suite names (``bfcl``, ``bfcl-non-live``, ``bfcl-live``, ``bfcl-multi-turn``, ``tool-use``,
+``swe``). ``--set key=value`` overrides any config key (``--set policy.rollout.temperature=0``; BFCL's answer
+format: ``--set suite_kwargs.format=prompt``). BFCL runs also report the leaderboard's aggregated scores. Rerunning the same command resumes: instances
 already recorded in ``--out`` are skipped. Exit status: 0 when the run finished, 130 on Ctrl-C (files consistent),
 2 on a config error.
 
@@ -120,6 +121,10 @@ def _main(args: argparse.Namespace) -> int:
     t = result.report["total"]
     print(f"{result.out}: {t['success']}/{t['n']} succeeded ({100 * t['accuracy']:.1f}%), "
           f"{result.ran} run now, {result.skipped} already done; report in {result.out / 'report.md'}")
+    for fmt, sec in (result.report.get("bfcl") or {}).items():
+        overall = sec["leaderboard"]["overall"]
+        print(f"BFCL ({fmt}): " + ", ".join(f"{k} {overall.get(k)}" for k in
+                                            ("Non-Live AST Acc", "Live Acc", "Multi Turn Acc", "Overall Acc")))
     return 0
 
 
