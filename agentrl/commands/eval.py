@@ -122,9 +122,10 @@ def _main(args: argparse.Namespace) -> int:
     print(f"{result.out}: {t['success']}/{t['n']} succeeded ({100 * t['accuracy']:.1f}%), "
           f"{result.ran} run now, {result.skipped} already done; report in {result.out / 'report.md'}")
     for fmt, sec in (result.report.get("bfcl") or {}).items():
-        overall = sec["leaderboard"]["overall"]
-        print(f"BFCL ({fmt}): " + ", ".join(f"{k} {overall.get(k)}" for k in
-                                            ("Non-Live AST Acc", "Live Acc", "Multi Turn Acc", "Overall Acc")))
+        from agentrl.envs.bfcl.scoring import SUMMARY
+
+        tables = sec["leaderboard"]
+        print(f"BFCL ({fmt}): " + ", ".join(f"{col} {tables[t].get(col)}" for t, col in SUMMARY))
     return 0
 
 

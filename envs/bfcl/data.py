@@ -32,14 +32,11 @@ class Category:
     prompt: tuple[dict[str, Any], ...]
     checker: tuple[dict[str, Any], ...]
     answers: tuple[Any, ...] | None
+    ids: tuple[str, ...] = field(repr=False)
     index_of: dict[str, int] = field(repr=False)
 
     def __len__(self) -> int:
         return len(self.prompt)
-
-    @property
-    def ids(self) -> list[str]:
-        return [e["id"] for e in self.prompt]
 
     def answer(self, i: int) -> Any:
         """The ``ground_truth`` of item ``i`` (None for relevance categories)."""
@@ -68,4 +65,45 @@ def load_category(name: str) -> Category:
             raise RuntimeError(f"bfcl-eval {name}: {len(prompt)} questions but {len(answers)} ground-truth entries")
     if [e["id"] for e in checker] != [e["id"] for e in prompt]:
         raise RuntimeError(f"bfcl-eval {name}: the two loads of the questions disagree on ids/order")
-    return Category(name, prompt, checker, answers, {e["id"]: i for i, e in enumerate(prompt)})
+    ids = tuple(e["id"] for e in prompt)
+    return Category(name, prompt, checker, answers, ids, {i: k for k, i in enumerate(ids)})
+
+
+class ItemSelection:
+    """Item selection shared by the BFCL envs (a mixin over ``self.cat`` and gymnasium's ``np_random``):
+    ``options["id"]``, ``options["index"]``, the seed, or a draw; and the item of a policy's ``meta.task``."""
+
+    cat: Category
+    np_random: Any
+
+    @property
+    def num_tasks(self) -> int:
+        """Number of items (valid ``options["index"]`` are ``0..num_tasks-1``)."""
+        return len(self.cat)
+
+    def task_ids(self) -> list[str]:
+        """The item ids, index-aligned (``task_ids()[i]`` is what ``options={"index": i}`` selects)."""
+        return list(self.cat.ids)
+
+    def _select(self, seed: int | None, options: dict[str, Any] | None) -> int:
+        options = options or {}
+        if "id" in options:
+            if options["id"] not in self.cat.index_of:
+                raise ValueError(f"options['id']={options['id']!r} is not a BFCL {self.cat.name} item")
+            return self.cat.index_of[options["id"]]
+        if "index" in options:
+            i = options["index"]
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(self.cat):
+                raise ValueError(f"options['index'] must be an int in [0, {len(self.cat)}), got {i!r}")
+            return i
+        if seed is not None:
+            return seed % len(self.cat)
+        return int(self.np_random.integers(len(self.cat)))
+
+    def _item_of(self, meta: Any) -> int | None:
+        task = getattr(meta, "task", None)
+        if isinstance(task, dict):
+            wanted = task.get("id", task.get("instance_id"))
+            if isinstance(wanted, str) and wanted in self.cat.index_of:
+                return self.cat.index_of[wanted]
+        return None

@@ -113,9 +113,13 @@ def opening(fmt: AnswerFormat, entry: dict[str, Any], first_turn: list[dict[str,
     is deep-copied first, the handlers mutate it): the first turn's messages (``first_turn`` if given, else the
     entry's), after any system prompt the handler adds. ``tools`` is None in prompt mode."""
     import copy
+    import json
 
     handler = handler_of(fmt)
-    entry = copy.deepcopy(entry)
+    # The handlers mutate the question (the prompt handler inserts its system prompt) and hand the function docs
+    # on as tools: both are copied (the docs by a JSON round trip, several times faster than deepcopy).
+    entry = {**entry, "question": copy.deepcopy(entry["question"]),
+             "function": json.loads(json.dumps(entry.get("function", [])))}
     data = handler._pre_query_processing_prompting(entry)
     turn = copy.deepcopy(first_turn) if first_turn is not None else entry["question"][0]
     data = handler.add_first_turn_message_prompting(data, turn)

@@ -38,18 +38,18 @@ from typing import Any, Literal
 
 from agentrl.core import Env, Message
 from agentrl.envs.bfcl import categories, oracle, safety
-from agentrl.envs.bfcl.data import load_category
+from agentrl.envs.bfcl.data import ItemSelection, load_category
 from agentrl.envs.bfcl.formats import DEFAULT_FORMAT, get_format, opening, recorded_answer, safe_handler, \
     tool_messages
 from agentrl.envs.bfcl.grading import backend_methods, drop_instances, grade_multi_turn, new_model_name
 from agentrl.envs.bfcl.official import load
-from agentrl.envs.bfcl.single_turn import _Indexed
+from agentrl.envs.bfcl.single_turn import error_text
 
 REFUSED = "Error during execution: agentrl refused to run this call (only calls of the available functions " \
           "with literal arguments are executed)"
 
 
-class BFCLMultiTurnEnv(_Indexed, Env):
+class BFCLMultiTurnEnv(ItemSelection, Env):
     """One multi-turn BFCL item per episode (see the module docstring).
 
     ``category``: one of :data:`categories.MULTI_TURN`. ``format``: ``qwen_fc`` (default) or ``prompt``.
@@ -178,10 +178,12 @@ class BFCLMultiTurnEnv(_Indexed, Env):
             reward = 1.0 if ok else 0.0
         else:
             reward = turn_reward  # earlier turns were paid as they ended; a force-quit pays nothing more
-        err = result.get("error") or {}
+        # The multi-turn evaluator nests its error ({"error": {"error_type", "error_message", ...}}).
+        err = result.get("error")
+        nested = err if isinstance(err, dict) else {}
         info = self._info(**(extra or {}))
-        info.update(correct=ok, error_type=None if ok else err.get("error_type", result.get("error_type")),
-                    error=None if ok else err.get("error_message", err), force_quit=force_quit,
+        info.update(correct=ok, error_type=None if ok else nested.get("error_type", result.get("error_type")),
+                    error=None if ok else nested.get("error_message") or error_text(result), force_quit=force_quit,
                     result=[list(r) for r in self.responses])
         return obs, reward, True, False, info
 

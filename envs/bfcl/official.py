@@ -44,10 +44,8 @@ from typing import Any, Iterator
 
 BFCL_PACKAGE = "bfcl-eval"
 BFCL_VERSION = "2026.3.23"
-INSTALL_HINT = (
-    f"pip install --no-deps {BFCL_PACKAGE}=={BFCL_VERSION} tree_sitter==0.21.3 tree-sitter-java==0.21.0 "
-    "tree-sitter-javascript==0.21.4 overrides tenacity python-dotenv filelock mpmath (./setup.sh does this)"
-)
+INSTALL_HINT = (f"pip install --no-deps {BFCL_PACKAGE}=={BFCL_VERSION} && pip install -e '.[bfcl]' "
+                "(./setup.sh does both)")
 
 
 class BFCLUnavailable(RuntimeError):

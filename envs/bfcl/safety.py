@@ -16,7 +16,8 @@ So, before the official code sees it:
   counts as undecodable, like any other syntax it cannot decode;
 - :func:`screen_calls` replaces a decoded call that is not ``method(literal, key=literal, ...)`` (a public method
   of the episode's backend classes, literal arguments, nested calls of such methods) by a call of an undefined
-  name, which the official executor turns into ``"Error during execution: ..."`` without running anything.
+  name, which the official executor turns into ``"Error during execution: ..."`` without running anything (text
+  that is no Python expression is left alone: ``eval`` cannot compile it either).
 
 Answers a well-behaved model gives are untouched, so verdicts do not change (the differential test checks it).
 Not covered: a legitimate backend method called with huge numbers (``MathAPI.power(base=10, exponent=10**12)``)
@@ -118,13 +119,16 @@ def _call(node: ast.AST, methods: frozenset[str]) -> bool:
 
 
 def is_safe_call(call: str, methods: Iterable[str]) -> bool:
-    """True if ``call`` is one call of a name in ``methods`` with literal arguments (nested calls of such names
-    allowed), i.e. evaluating it can only run those methods."""
+    """True if evaluating ``call`` can run nothing but ``methods``: it is one call of such a name with literal
+    arguments (nested calls of such names allowed), or it is not a Python expression at all (``eval`` then fails
+    to compile it, with the error message the official executor reports)."""
     if not isinstance(call, str):
         return False
     try:
         tree = ast.parse(call, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except (SyntaxError, ValueError):
+        return True
+    except (RecursionError, MemoryError):
         return False
     return _call(tree.body, frozenset(methods))
 

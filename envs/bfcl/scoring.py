@@ -32,9 +32,11 @@ from agentrl.envs.bfcl.official import load
 
 TABLES = {"overall": "data_overall.csv", "non_live": "data_non_live.csv", "live": "data_live.csv",
           "multi_turn": "data_multi_turn.csv"}
-# Leaderboard columns agentrl reports (the others are cost, latency, links, agentic and format sensitivity).
-SUMMARY_COLUMNS = ["Overall Acc", "Non-Live AST Acc", "Live Acc", "Multi Turn Acc", "Relevance Detection",
-                   "Irrelevance Detection"]
+# The summary cells agentrl's markdown shows: (table, column). The section overall columns show N/A as soon as one
+# of their categories is missing; the per-section tables' "Overall" columns count a missing category as 0.
+SUMMARY = [("overall", "Overall Acc"), ("non_live", "Non-Live Overall Acc"), ("live", "Live Overall Acc"),
+           ("multi_turn", "Multi Turn Overall Acc"), ("overall", "Relevance Detection"),
+           ("overall", "Irrelevance Detection")]
 
 
 def category_of(record: dict[str, Any]) -> str | None:
@@ -110,9 +112,9 @@ def render_markdown(sec: dict[str, Any]) -> str:
         lines += ["| category | correct | total | accuracy |", "| --- | ---: | ---: | ---: |"]
         for c, row in s["categories"].items():
             lines.append(f"| {c} | {row['correct']} | {row['total']} | {100 * row['accuracy']:.2f}% |")
-        overall = s["leaderboard"]["overall"]
-        lines += ["", "| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + " ---: |" * len(SUMMARY_COLUMNS),
-                  "| " + " | ".join(overall.get(col, "") for col in SUMMARY_COLUMNS) + " |", ""]
+        tables = s["leaderboard"]
+        lines += ["", "| " + " | ".join(col for _, col in SUMMARY) + " |", "|" + " ---: |" * len(SUMMARY),
+                  "| " + " | ".join(tables[t].get(col, "") for t, col in SUMMARY) + " |", ""]
         notes = []
         if not s["complete"]:
             notes.append("some categories were run on part of their items (scores over the items run)")

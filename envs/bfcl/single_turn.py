@@ -17,7 +17,7 @@ from typing import Any
 
 from agentrl.core import Env, Message
 from agentrl.envs.bfcl import categories, oracle
-from agentrl.envs.bfcl.data import Category, load_category
+from agentrl.envs.bfcl.data import ItemSelection, load_category
 from agentrl.envs.bfcl.formats import DEFAULT_FORMAT, get_format, opening, recorded_answer
 from agentrl.envs.bfcl.grading import grade_single_turn
 
@@ -32,46 +32,7 @@ def error_text(result: dict[str, Any]) -> str | None:
     return err if isinstance(err, str) else repr(err)
 
 
-class _Indexed:
-    """Item selection shared by the BFCL envs: ``options["id"]``, ``options["index"]``, the seed, or a draw."""
-
-    cat: Category
-    np_random: Any
-
-    @property
-    def num_tasks(self) -> int:
-        """Number of items (valid ``options["index"]`` are ``0..num_tasks-1``)."""
-        return len(self.cat)
-
-    def task_ids(self) -> list[str]:
-        """The item ids, index-aligned (``task_ids()[i]`` is what ``options={"index": i}`` selects)."""
-        return self.cat.ids
-
-    def _select(self, seed: int | None, options: dict[str, Any] | None) -> int:
-        options = options or {}
-        if "id" in options:
-            if options["id"] not in self.cat.index_of:
-                raise ValueError(f"options['id']={options['id']!r} is not a BFCL {self.cat.name} item")
-            return self.cat.index_of[options["id"]]
-        if "index" in options:
-            i = options["index"]
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(self.cat):
-                raise ValueError(f"options['index'] must be an int in [0, {len(self.cat)}), got {i!r}")
-            return i
-        if seed is not None:
-            return seed % len(self.cat)
-        return int(self.np_random.integers(len(self.cat)))
-
-    def _item_of(self, meta: Any) -> int | None:
-        task = getattr(meta, "task", None)
-        if isinstance(task, dict):
-            wanted = task.get("id", task.get("instance_id"))
-            if isinstance(wanted, str) and wanted in self.cat.index_of:
-                return self.cat.index_of[wanted]
-        return None
-
-
-class BFCLEnv(_Indexed, Env):
+class BFCLEnv(ItemSelection, Env):
     """One single-turn BFCL item per episode (see the module docstring).
 
     ``category``: one of :data:`categories.SINGLE_TURN`. ``format``: an answer format of :mod:`.formats`

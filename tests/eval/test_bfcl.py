@@ -114,9 +114,10 @@ def test_oracle_passes_every_answerable_single_turn_item(fmt):
     assert failed == UNANSWERABLE
 
 
-def test_oracle_passes_every_multi_turn_item():
-    """All 800 items in the FC format; every 8th in the prompt format (all of them: benchmarks/bench_bfcl.py)."""
-    for fmt, stride in (("qwen_fc", 1), ("prompt", 8)):
+def test_oracle_passes_the_multi_turn_items():
+    """Every other item in the FC format, every 8th in the prompt format (all of them, both formats:
+    benchmarks/bench_bfcl.py and `agentrl eval configs/eval_bfcl_oracle.yaml`)."""
+    for fmt, stride in (("qwen_fc", 2), ("prompt", 8)):
         for category in categories.MULTI_TURN:
             env = BFCLMultiTurnEnv(category, format=fmt)
             for i in range(0, env.num_tasks, stride):
@@ -339,6 +340,19 @@ def test_multi_turn_turn_rewards_sum_to_the_verdict():
     assert steps[1][3]["turn_valid"] is True and steps[2][3]["turn_valid"] is False
 
 
+def test_a_checker_exception_is_a_wrong_verdict_not_a_crash(monkeypatch):
+    import agentrl.envs.bfcl.multi_turn as mt
+
+    def broken(*args, **kwargs):
+        return {"valid": False, "error": ["KeyError: 'x'"], "error_type": "checker_exception"}
+
+    monkeypatch.setattr(mt, "grade_multi_turn", broken)
+    env = BFCLMultiTurnEnv("multi_turn_base")
+    env.reset(options={"index": 0})
+    info = _play(env, [])[-1][3]
+    assert (info["correct"], info["error_type"], info["error"]) == (False, "checker_exception", "KeyError: 'x'")
+
+
 def test_multi_turn_episodes_are_isolated_and_release_their_backends():
     """Two episodes of the same item interleaved do not share state, and nothing is left behind."""
     globals_ = bfcl().multi_turn_utils.__dict__
@@ -356,6 +370,57 @@ def test_multi_turn_episodes_are_isolated_and_release_their_backends():
     a.close()
     b.close()
     assert {k for k in globals_ if k.endswith("_instance")} == before
+
+
+async def test_multi_turn_episode_trains_through_the_agent_loop_and_manager():
+    """A multi-turn item as an RL episode: the env manager, the token-in/token-out agent loop with a Qwen chat
+    template (the tiny model's) and the env's tools, and an engine that answers with the ground truth's tokens.
+    The trajectory validates, only generated tokens are trained on, the tool results are in the token stream,
+    and the reward is the official verdict."""
+    from transformers import AutoTokenizer
+
+    from agentrl.inference.base import Generation, InferenceEngine
+    from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
+    from agentrl.models import ensure_tiny_model
+    from agentrl.rollout import AgentLoopPolicy, RolloutConfig
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    env = BFCLMultiTurnEnv("multi_turn_miss_param")
+    item = 1
+    truth = env.cat.answer(item)
+    texts = [x for t, calls in enumerate(truth)
+             for x in ([env.oracle_answer(item, t, False), oracle.TURN_DONE_TEXT] if calls
+                       else [env.oracle_answer(item, t, False)])]
+
+    class GroundTruthEngine(InferenceEngine):
+        def __init__(self):
+            self.n = 0
+
+        async def generate(self, prompt_ids, params, *, request_id, session_id=None):
+            ids = tok(texts[self.n], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            self.n += 1
+            return Generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+
+        async def update_weights(self, state_dict, version):
+            pass
+
+        @property
+        def version(self):
+            return 0
+
+    policy = AgentLoopPolicy(GroundTruthEngine(), tok, RolloutConfig(max_context_tokens=500_000, max_turns=64,
+                                                                     max_tokens_per_turn=100_000))
+    spec = EpisodeSpec(env_id="agentrl/BFCL-multi-turn-miss-param-v0", env_kwargs={"reward": "turn"},
+                       options={"index": item}, task={"instance_id": env.cat.ids[item]})
+    async with EnvManager(ManagerConfig(workers=0, max_concurrency=1, max_turns=64), policy) as mgr:
+        (traj,) = await mgr.run_episodes([spec])
+    traj.validate()
+    assert traj.termination == "terminated" and traj.info["correct"] and traj.reward == pytest.approx(1.0)
+    assert traj.num_turns == len(texts)
+    text = tok.decode(traj.token_ids)
+    assert "<tool_response>" in text and traj.info["result"][0][0] in text
+    generated = tok.decode([t for t, m in zip(traj.token_ids, traj.loss_mask) if m])
+    assert "<tool_response>" not in generated and json.loads(texts[0].split("\n")[1])["name"] in generated
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -398,8 +463,10 @@ def test_safe_call_screen():
     assert is_safe_call("cd(folder='a')", methods)
     assert is_safe_call("mv(source=['a', 1, -2.5, {'k': (1, 2)}], destination=ls(a=True))", methods)
     assert is_safe_call("cd(folder=(1+2j))", methods)
+    assert is_safe_call("cd(from='a')", methods)  # not an expression: eval cannot compile it either
     for bad in ("rm(path='/')", "cd(folder=open('x'))", "cd(folder=x)", "cd(**{'a': 1})", "cd(folder=2**10**10)",
-                "os.system('id')", "cd(folder='a'); ls()", "cd(folder=[i for i in range(9)])", "(lambda: 1)()"):
+                "os.system('id')", "cd(folder=[i for i in range(9)])", "(lambda: 1)()", "cd(folder=inf)",
+                "cd(folder=ls.__class__)", "[ls(), __import__('os')]"):
         assert not is_safe_call(bad, methods), bad
 
 
@@ -417,10 +484,12 @@ def test_scores_are_aggregated_by_the_leaderboard_code():
     sec = scoring.section(recs("live_simple", 258, 258) + recs("live_multiple", 0, 1053), "m")["prompt"]
     assert sec["leaderboard"]["overall"]["Live Acc"] == "19.10%"
     assert sec["categories"]["live_simple"] == {"correct": 258, "total": 258, "accuracy": 1.0}
-    # Non-live: the simple summary is the unweighted mean of Python/Java/JavaScript, then the mean of four.
-    sec = scoring.section(recs("simple_python", 400, 400) + recs("multiple", 100, 200), "m")["prompt"]
-    assert sec["leaderboard"]["non_live"]["Simple AST"] == "33.33%"
-    assert sec["leaderboard"]["overall"]["Non-Live AST Acc"] == "20.83%"  # (1/3 + 1/2 + 0 + 0) / 4
+    # Non-live: the simple summary is the unweighted mean of Python/Java/JavaScript (shown N/A while one is
+    # missing, counted as 0), then the mean of four.
+    non_live = scoring.section(recs("simple_python", 400, 400) + recs("multiple", 100, 200), "m")["prompt"][
+        "leaderboard"]["non_live"]
+    assert non_live["Python Simple AST"] == "100.00%" and non_live["Simple AST"] == "N/A"
+    assert non_live["Non-Live Overall Acc"] == "20.83%"  # (1/3 + 1/2 + 0 + 0) / 4
     # Overall: non-live 10, live 10, irrelevance 10, multi-turn 30, agentic 40 (not served: 0).
     every = sum((recs(c, len(load_category(c)), len(load_category(c))) for c in categories.ALL), [])
     sec = scoring.section(every, "m")["prompt"]

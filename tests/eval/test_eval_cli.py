@@ -59,7 +59,7 @@ def test_cli_oracle_and_empty_on_bfcl_and_tool_use(tmp_path):
     md = (out / "report.md").read_text()
     assert "| agentrl/BFCL-parallel-v0 | 8/8 | 8 | 100.0% |" in md
     # The BFCL section: the leaderboard's aggregation of the categories run.
-    assert "| multi_turn_miss_func | 8 | 8 | 100.00% |" in md and "BFCL (qwen_fc): Non-Live AST Acc 100.00%" in r.stdout
+    assert "| multi_turn_miss_func | 8 | 8 | 100.00% |" in md and "Non-Live Overall Acc 100.00%" in r.stdout
     assert report["bfcl"]["qwen_fc"]["leaderboard"]["overall"]["Multi Turn Acc"] == "100.00%"
     recs = read_jsonl(out / "trajectories.jsonl")
     assert len(recs) == 144 and len({(x["env"], x["instance_id"]) for x in recs}) == 144
