@@ -212,12 +212,14 @@ def render(fmt: AnswerFormat, calls: list[Call], language: str = "python") -> st
     return "[" + ", ".join(parts) + "]"
 
 
-def _source_arg(v: str, language: str) -> str:
+def _source_arg(v: Any, language: str) -> str:
     # The Java/JS call parsers return a string literal's text without its quotes (escapes not undone) and any
     # other expression as its source text, which the type converters then read. The first spelling that the
     # official parser reads back as exactly ``v`` wins: a string literal, the bare expression; else Java text goes
     # into a text block (the parser keeps the block's inner quotes and the converters search the text) and
     # JavaScript text into single quotes.
+    if not isinstance(v, str):  # not a source string (perturbed answers): its JSON text is Java/JS source too
+        v = json.dumps(v)
     utils = load().handler_utils
     parse = utils.parse_java_function_call if language == "java" else utils.parse_javascript_function_call
     candidates = [f'"{v}"'] if '"' not in v and "\\" not in v else []

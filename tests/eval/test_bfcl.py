@@ -241,6 +241,17 @@ def test_prompts_render_as_the_official_handlers_render_them():
             assert ours == handler_of(env.fmt)._format_prompt(messages, info.get("tools") or [])
 
 
+def test_prompt_mode_java_and_js_answers_round_trip_through_the_official_parsers():
+    """Any argument value, source string or not (perturbed answers hold ints, lists...), is written so that the
+    official Java/JavaScript call parsers read it back."""
+    utils = bfcl().handler_utils
+    fmt = get_format("prompt")
+    for language, parse in (("java", utils.parse_java_function_call), ("js", utils.parse_javascript_function_call)):
+        args = {"a": 5, "b": True, "c": [1, 2], "d": "new int[]{1, 2}", "e": 'put("k", 1)', "f": "plain text"}
+        text = oracle.render(fmt, [("Api.call", args)], language)
+        assert set(parse(text[1:-1])[0]["Api.call"]) == set(args)
+
+
 def test_single_turn_env_protocol():
     env = BFCLEnv("parallel")
     messages, info = env.reset(options={"index": 3})
