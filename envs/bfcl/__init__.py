@@ -13,8 +13,16 @@ Every score comes from ``bfcl_eval``'s own code; agentrl adds the env adapter ar
 - :mod:`.scoring`: the leaderboard's aggregation of per-category accuracies for ``agentrl eval`` reports.
 
 Env ids: ``agentrl/BFCL-<category>-v0`` with the category's ``_`` written ``-`` (:mod:`.categories`), e.g.
-``agentrl/BFCL-simple-python-v0``, ``agentrl/BFCL-multi-turn-base-v0``. This package is light to import;
+``agentrl/BFCL-simple-python-v0``, ``agentrl/BFCL-multi-turn-base-v0``; kwargs ``format`` (``qwen_fc``, the
+default, or ``prompt``) and, multi-turn, ``reward`` (``episode`` or ``turn``). This package is light to import;
 ``bfcl_eval`` is loaded when an env is made.
+
+Use: ``agentrl eval --env bfcl`` (every served category; ``bfcl-non-live``, ``bfcl-live``, ``bfcl-multi-turn``
+for a section; ``--set suite_kwargs.format=prompt`` for the prompt format) reports per category and the
+leaderboard's summaries. For RL, the multi-turn envs are ordinary agentrl envs; give the rollout room: the item's
+function docs (up to ~30) are in every prompt, the official loop allows 20 tool steps per turn, and a truncated
+episode counts as wrong (as a force-terminated one does in BFCL), so raise ``policy.rollout.max_context_tokens``,
+``policy.rollout.max_turns`` and the run's ``max_turns``.
 """
 
 from __future__ import annotations
