@@ -115,6 +115,7 @@ class BFCLMultiTurnEnv(ItemSelection, Env):
         self._model_name = new_model_name("agentrl_env")
         self._execute([])  # creates the instances from the item's initial_config, as the loop does
         self.turn, self.steps, self.responses = 0, 0, [[]]
+        self._paid = 0.0  # reward="turn": what the episode has paid so far
         self._done = False
         messages, tools = opening(self.fmt, self.entry, self._turn_messages(0))
         info: dict[str, Any] = {"id": self.entry["id"], "index": self.index, "category": self.category,
@@ -162,6 +163,7 @@ class BFCLMultiTurnEnv(ItemSelection, Env):
         if self.reward_mode == "turn":
             ok = bool(grade_multi_turn(self.cat, self.index, self.fmt, self.responses, turns=finished + 1)["valid"])
             reward, extra = (1.0 / self.num_turns if ok else 0.0), {"turn_valid": ok}
+            self._paid += reward
         self.turn, self.steps = self.turn + 1, 0
         if self.turn >= self.num_turns:
             return self._finish([], turn_reward=reward, extra=extra)
@@ -176,8 +178,10 @@ class BFCLMultiTurnEnv(ItemSelection, Env):
         self._release()
         if self.reward_mode == "episode":
             reward = 1.0 if ok else 0.0
+        elif ok:  # the episode return is 1.0 exactly when the verdict is valid (a force-quit in the last turn may be)
+            reward = 1.0 - (self._paid - turn_reward)
         else:
-            reward = turn_reward  # earlier turns were paid as they ended; a force-quit pays nothing more
+            reward = turn_reward
         # The multi-turn evaluator nests its error ({"error": {"error_type", "error_message", ...}}).
         err = result.get("error")
         nested = err if isinstance(err, dict) else {}

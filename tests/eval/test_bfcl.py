@@ -333,6 +333,23 @@ def test_multi_turn_force_quit_after_the_step_limit():
     assert obs and obs[0]["role"] == "tool"
 
 
+def test_a_force_quit_in_the_last_turn_is_graded_normally():
+    """The official loop stops after 21 executed steps in a turn; in the last turn nothing is missing, so the
+    checker grades the episode as usual (here: right, the extra calls change no state), in both reward modes."""
+    pwd = '<tool_call>\n{"name": "pwd", "arguments": {}}\n</tool_call>'
+    for mode in ("episode", "turn"):
+        env = BFCLMultiTurnEnv("multi_turn_base", reward=mode)
+        env.reset(options={"index": 0})
+        total, done = 0.0, False
+        while env.turn < env.num_turns - 1:
+            total += env.step(env.solve([]))[1]
+        total += env.step(env.solve([]))[1]  # the last turn's calls
+        while not done:
+            _, r, done, _, info = env.step(pwd)
+            total += r
+        assert info["force_quit"] and info["correct"] and total == pytest.approx(1.0), mode
+
+
 def test_multi_turn_turn_rewards_sum_to_the_verdict():
     env = BFCLMultiTurnEnv("multi_turn_base", reward="turn")
     env.reset(options={"index": 2})
