@@ -9,7 +9,8 @@ naming all its roles). Tool calls (``<tool_call>...</tool_call>`` in an assistan
 ``tool`` blocks. A trajectory without tokens (a text-only policy) is drawn from its messages alone.
 
 Everything here is data: the page renders strings with ``textContent`` only, so nothing in a trajectory can
-become markup. Non-finite numbers become ``None`` (JSON has no NaN). Misaligned token fields are cut to the
+become markup. Non-finite numbers become ``None`` (JSON has no NaN); log-probs are rounded to 5 decimals (the
+page shows 4), which keeps a 64k-token view's JSON small. Misaligned token fields are cut to the
 shortest and reported in ``warnings``.
 """
 
@@ -36,6 +37,20 @@ def _finite(x: Any) -> float | None:
 
 def _int(x: Any) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _ints(xs: list[Any], default: int | None) -> list[int | None]:
+    """``xs`` with anything but an int replaced by ``default`` (one type check per element; no copy when clean)."""
+    if set(map(type, xs)) <= {int}:
+        return xs
+    return [x if type(x) is int else default for x in xs]
+
+
+def _floats(xs: list[Any]) -> list[float | None]:
+    """``xs`` with anything but a finite number replaced by ``None``."""
+    if set(map(type, xs)) <= {float} and all(map(math.isfinite, xs)):
+        return xs
+    return [float(x) if type(x) in (float, int) and math.isfinite(x) else None for x in xs]
 
 
 def _text(x: Any, limit: int = MAX_FIELD_CHARS) -> str | None:
@@ -169,8 +184,8 @@ def trajectory_view(traj: dict[str, Any], meta: dict[str, Any], decoder: TokenDe
         warnings.append(f"token fields have different lengths {lengths}: showing the first {n} tokens")
     ids = fields["token_ids"][:n]
     mask = [1 if m == 1 else 0 for m in fields["loss_mask"][:n]]
-    versions = [_int(v) if _int(v) is not None else -1 for v in fields["versions"][:n]]
-    lp = [(_finite(x) if m else None) for x, m in zip(fields["logprobs"][:n], mask)]
+    versions = _ints(fields["versions"][:n], -1)
+    lp = [round(x, 5) if m and x is not None else None for x, m in zip(_floats(fields["logprobs"][:n]), mask)]
     pieces, unknown = decoder.pieces(ids) if (decoder is not None and n) else (None, [])
     is_special = [decoder is not None and x in decoder.added for x in ids]
     if unknown:
@@ -182,7 +197,7 @@ def trajectory_view(traj: dict[str, Any], meta: dict[str, Any], decoder: TokenDe
         trainer_version = trainer.get("version")
         if len(rec) != n - 1:
             warnings.append(f"trainer log-probs: {len(rec)} values for {n - 1} token positions (aligned from the start)")
-        tlp = [None] + [rec[i - 1] if i - 1 < len(rec) else None for i in range(1, n)]
+        tlp = [None, *(None if x is None else round(x, 5) for x in rec[: n - 1])] + [None] * max(0, n - 1 - len(rec))
 
     msgs = _messages(traj)
     blocks: list[dict[str, Any]] = []
@@ -262,7 +277,7 @@ def trajectory_view(traj: dict[str, Any], meta: dict[str, Any], decoder: TokenDe
             "line": row.get("line"), "row": row.get("row"), "staleness": row.get("staleness"),
             "tokenizer": decoder.source if decoder is not None else None,
         },
-        "tokens": {"n": n, "text": pieces, "ids": [x if _int(x) is not None else None for x in ids], "mask": mask,
+        "tokens": {"n": n, "text": pieces, "ids": _ints(ids, None), "mask": mask,
                    "version": versions, "lp": lp, "tlp": tlp, "tool": tool_ranges,
                    "special": [i for i, sp in enumerate(is_special) if sp]},
         "blocks": blocks,

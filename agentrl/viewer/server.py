@@ -286,6 +286,7 @@ def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = Non
             raise web.HTTPBadRequest(reason=str(e)) from None
 
     async def api_trajectory(request: web.Request) -> web.Response:
+        await data.refresh()
         row = _row(request, "row")
         try:
             return _json(await asyncio.to_thread(data.view, row))
@@ -293,11 +294,13 @@ def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = Non
             return _error(422, str(e))
 
     async def api_group(request: web.Request) -> web.Response:
+        await data.refresh()
         idx = _need_rows()
         row = _row(request, "row")
         return _json({"rows": [idx.row(i) for i in idx.group_rows(row)[:MAX_PAGE]]})
 
     async def api_diff(request: web.Request) -> web.Response:
+        await data.refresh()
         a, b = _row(request, "a"), _row(request, "b")
 
         def work() -> dict[str, Any]:

@@ -67,6 +67,7 @@ class TokenDecoder:
         self.added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
         self.special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         self._bytes: dict[int, bytes | None] = {}
+        self._whole: dict[int, str] = {}  # ids whose bytes decode on their own
 
     @classmethod
     def from_path(cls, path: str | Path) -> "TokenDecoder":
@@ -109,6 +110,11 @@ class TokenDecoder:
             else:
                 out = self.tok.decode([tid], skip_special_tokens=False).encode()
         self._bytes[tid] = out
+        if out is not None:
+            try:
+                self._whole[tid] = out.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
         return out
 
     def pieces(self, ids: list[Any]) -> tuple[list[str], list[int]]:
@@ -116,16 +122,25 @@ class TokenDecoder:
         token that only starts a multi-byte character shows ``""``) and the positions of ids outside the
         vocabulary (shown as ``⟨id⟩``)."""
         dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        whole = self._whole
         out: list[str] = []
         unknown: list[int] = []
+        pending = False  # the decoder holds the first bytes of a character
         for i, tid in enumerate(ids):
-            b = self.token_bytes(tid) if isinstance(tid, int) and not isinstance(tid, bool) else None
+            if not pending:
+                text = whole.get(tid)  # a token whose bytes are complete characters: no decoder needed
+                if text is not None:
+                    out.append(text)
+                    continue
+            b = self.token_bytes(tid) if type(tid) is int else None
             if b is None:
                 out.append(dec.decode(b"", final=True) + f"\u27e8{tid}\u27e9")  # flush a dangling partial char
                 unknown.append(i)
-            else:
-                out.append(dec.decode(b))
-        if out:
+                pending = False
+                continue
+            out.append(dec.decode(b))
+            pending = bool(dec.getstate()[0])
+        if out and pending:
             out[-1] += dec.decode(b"", final=True)
         return out, unknown
 

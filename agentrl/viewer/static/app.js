@@ -1,6 +1,6 @@
 // agentrl view: the page's only script (served from this origin; no library, nothing fetched from elsewhere).
 // Every string from the run (trajectory text is model output) reaches the DOM through textContent or an SVG text
-// node, never through innerHTML, so it cannot become markup. Routes live in the URL hash:
+// node, never parsed as HTML, so it cannot become markup. Routes live in the URL hash:
 //   #/?<filters>&page=N    the curves and the trajectory list
 //   #/t/<row>              one trajectory          #/diff/<a>/<b>   two trajectories of a group side by side
 "use strict";
@@ -296,34 +296,62 @@ function blockHead(v, b) {
   return h;
 }
 
+const FIRST_SCREEN_TOKENS = 6000;  // drawn before the view counts as open; the rest follows in ~40 ms slices
+const SLICE_TOKENS = 2000;
+
+// Draws the blocks of view v into container: every block's frame at once, its tokens (one span each) first for
+// the top of the conversation, then in background slices so the page answers while a long trajectory fills in.
+// Returns a promise that resolves true once every token is drawn (false if a newer render replaced this one).
 function renderChat(v, mode, same, container) {
   const T = v.tokens;
-  const special = new Set(T.special || []);
+  const special = new Uint8Array(T.n);
+  for (const i of T.special || []) special[i] = 1;
   const tool = new Uint8Array(T.n);
   for (const [s, e] of T.tool || []) for (let i = s; i < e && i < T.n; i++) tool[i] = 1;
   const frag = document.createDocumentFragment();
+  const jobs = [];
   for (const b of v.blocks) {
     const box = el("div", `block kind-${b.kind}`);
     box.appendChild(blockHead(v, b));
     if (b.end > b.start) {
       const pre = el("div", "tokens");
-      for (let i = b.start; i < b.end; i++) {
-        const sp = document.createElement("span");
-        let c = tokenClass(v, i, mode, same);
-        if (special.has(i)) c += " sp";
-        if (tool[i]) c += " tc";
-        sp.className = c;
-        sp.textContent = T.text ? T.text[i] : `⟨${T.ids[i]}⟩`;
-        sp._i = i;
-        pre.appendChild(sp);
-      }
+      for (let s = b.start; s < b.end; s += SLICE_TOKENS) jobs.push([pre, s, Math.min(b.end, s + SLICE_TOKENS)]);
       box.appendChild(pre);
     }
     if (b.text !== null && b.text !== undefined) box.appendChild(el("pre", "msgtext", b.text));
     frag.appendChild(box);
   }
+  const fill = ([pre, s, e]) => {
+    const part = document.createDocumentFragment();
+    for (let i = s; i < e; i++) {
+      const sp = document.createElement("span");
+      let c = tokenClass(v, i, mode, same);
+      if (special[i]) c += " sp";
+      if (tool[i]) c += " tc";
+      sp.className = c;
+      sp.textContent = T.text ? T.text[i] : `⟨${T.ids[i]}⟩`;
+      sp._i = i;
+      part.appendChild(sp);
+    }
+    pre.appendChild(part);
+  };
+  let j = 0, drawn = 0;
+  while (j < jobs.length && drawn < FIRST_SCREEN_TOKENS) { drawn += jobs[j][2] - jobs[j][1]; fill(jobs[j++]); }
   container._view = v;
   container.appendChild(frag);
+  const ticket = {};
+  container._ticket = ticket;
+  return new Promise((resolve) => {
+    const slice = () => {
+      if (container._ticket !== ticket) return resolve(false);
+      const t0 = performance.now();
+      while (j < jobs.length && performance.now() - t0 < 40) fill(jobs[j++]);
+      if (j < jobs.length) setTimeout(slice, 0);
+      else resolve(true);
+    };
+    if (j < jobs.length) setTimeout(slice, 0);
+    else resolve(true);
+  });
 }
 
 function tipText(v, i) {
@@ -428,6 +456,8 @@ function renderHead(v) {
 
 async function showTrajectory(row) {
   const t0 = performance.now();
+  delete document.body.dataset.trajReady;
+  delete document.body.dataset.trajComplete;
   const v = await api("/api/trajectory", { row });
   state.view = v;
   state.diff = null;
@@ -438,13 +468,13 @@ async function showTrajectory(row) {
   chat.className = "";
   chat.replaceChildren();
   chat.dataset.col = "a";
-  renderChat(v, state.mode, null, chat);
+  const complete = renderChat(v, state.mode, null, chat);
   legend(state.mode, v);
-  const sel = $("diff-with");
-  sel.value = "";
-  await fillGroup(row);
+  $("diff-with").value = "";
   document.body.dataset.trajReady = String(row);
-  document.body.dataset.renderMs = String(Math.round(performance.now() - t0));
+  document.body.dataset.openMs = String(Math.round(performance.now() - t0));
+  await fillGroup(row);
+  if (await complete) document.body.dataset.trajComplete = String(row);
 }
 
 async function fillGroup(row) {
@@ -470,6 +500,7 @@ async function showDiff(a, b) {
   chat.className = "diff";
   chat.replaceChildren();
   delete chat.dataset.col;
+  const done = [];
   const note = d.first_diff === null ? "identical token streams" : `first different token: position ${d.first_diff}`;
   for (const [v, same, label] of [[d.a, d.same_a, "A"], [d.b, d.same_b, "B"]]) {
     const col = el("div", "col");
@@ -477,12 +508,13 @@ async function showDiff(a, b) {
     const head = el("div", "col-head", `${label}: ${v.meta.id} · reward ${fmt(v.meta.reward)} · ${note}`);
     head.title = v.meta.id;
     col.appendChild(head);
-    renderChat(v, "diff", same, col);
+    done.push(renderChat(v, "diff", same, col));
     chat.appendChild(col);
   }
   legend("diff", d.a);
   await fillGroup(a);
   $("diff-with").value = String(b);
+  await Promise.all(done);
   document.body.dataset.diffReady = `${a},${b}`;
 }
 
@@ -537,7 +569,11 @@ function init() {
     if (state.diff) return;
     const chat = $("chat");
     chat.replaceChildren();
-    if (state.view) { renderChat(state.view, state.mode, null, chat); legend(state.mode, state.view); }
+    if (state.view) {
+      delete document.body.dataset.modeReady;
+      renderChat(state.view, state.mode, null, chat).then((ok) => { if (ok) document.body.dataset.modeReady = state.mode; });
+      legend(state.mode, state.view);
+    }
   });
   $("diff-with").addEventListener("change", (ev) => {
     const a = state.diff ? state.diff.a.meta.row : state.view.meta.row;

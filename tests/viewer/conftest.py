@@ -1,24 +1,33 @@
-"""Builds a run directory the way a training run does, without an engine: real episodes of the real envs through
-the real manager and agent-loop token path (the scripted solver with noise stands in for the model, as in the warm
-start), trained by the real :class:`Trainer` on the tiny model with ``record_logprobs``, and written by the real
-writers (:class:`TrajectoryLog`, ``RunFiles.append_metrics``)."""
+"""Fixtures for the viewer tests.
+
+``run_dir`` (session) is a run directory built the way a training run builds it, without an engine: real episodes
+of the real envs through the real manager and agent-loop token path (the scripted solver with noise stands in for
+the model, as in the warm start), trained by the real :class:`Trainer` on the tiny model with ``record_logprobs``,
+written by the real writers (:class:`TrajectoryLog`, ``RunFiles.append_metrics``) next to a real checkpoint (whose
+``model/`` carries the tokenizer the viewer finds). The pipeline test checks that ``agentrl train`` writes the same
+files. ``view`` starts the real ``agentrl view`` command."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 from agentrl.pipeline import RunFiles
 from agentrl.runlog import TrajectoryLog
 
-ENVS = {
-    "agentrl/FrozenLake-v0": (dict(size=3, hole_prob=0.2),
-                              ["<answer>up</answer>", "<answer>down</answer>", "<answer>left</answer>"]),
+ENVS = {  # ToolUse first: the trainer records the first trajectories of each batch
     "agentrl/ToolUse-v0": ({}, ['<tool_call>{"name": "lookup", "arguments": {"name": "Zed"}}</tool_call>',
                                '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>',
                                "<answer>7</answer>"]),
+    "agentrl/FrozenLake-v0": (dict(size=3, hole_prob=0.2),
+                              ["<answer>up</answer>", "<answer>down</answer>", "<answer>left</answer>"]),
 }
 
 
@@ -77,4 +86,60 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
-__all__ = ["build_run_dir", "copy_run", "dataclasses"]
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory of 2 steps x 24 trajectories (FrozenLake and ToolUse, groups of 3), 6 recorded per step."""
+    return build_run_dir(tmp_path_factory.mktemp("viewer") / "run")
+
+
+@pytest.fixture
+def run_copy(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of ``run_dir`` that the test may change."""
+    return copy_run(run_dir, tmp_path / "run")
+
+
+class ViewProcess:
+    """``agentrl view PATH --port 0`` in a subprocess (the real command); ``url`` is the page it serves."""
+
+    def __init__(self, path: Path, *extra: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "view", str(path), "--port", "0", *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        deadline = time.time() + 120
+        self.url = ""
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            m = re.search(r"at (http://\S+/)", line)
+            if m:
+                self.url = m.group(1)
+                return
+        self.close()
+        raise RuntimeError("agentrl view did not start: " + "".join(self.lines)[-3000:])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def view():
+    """Starts ``agentrl view`` on a path; every process started is stopped at the end of the test."""
+    procs: list[ViewProcess] = []
+
+    def start(path: Path, *extra: str) -> ViewProcess:
+        procs.append(ViewProcess(path, *extra))
+        return procs[-1]
+
+    yield start
+    for p in procs:
+        p.close()
