@@ -8,8 +8,8 @@ benchmark and screenshots. No browser download: it runs the system's Chromium (D
         png = await page.screenshot()
 
 The browser runs with a throw-away profile and no background traffic (no sync, component updates or first-run
-pages). ``exceptions`` and ``console`` collect the page's uncaught JS exceptions and console/log entries (CSP
-violations show up there), so a test can assert that none occurred.
+pages). ``exceptions``, ``console`` and ``requests`` collect the page's uncaught JS exceptions, console/log
+entries (CSP violations show up there) and requested URLs, so a test can assert what did (not) happen.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class Chromium:
         self.start_timeout = start_timeout
         self.exceptions: list[str] = []
         self.console: list[dict[str, Any]] = []
+        self.requests: list[str] = []  # every URL the page requested
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._events: dict[str, list[asyncio.Future]] = {}
@@ -116,6 +117,7 @@ class Chromium:
         await self.send("Page.enable")
         await self.send("Runtime.enable")
         await self.send("Log.enable")
+        await self.send("Network.enable")
         await self.send("Emulation.setDeviceMetricsOverride",
                         {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False})
 
@@ -142,6 +144,8 @@ class Chromium:
             if method == "Runtime.exceptionThrown":
                 d = params.get("exceptionDetails", {})
                 self.exceptions.append(str(d.get("exception", {}).get("description") or d.get("text")))
+            elif method == "Network.requestWillBeSent":
+                self.requests.append(params.get("request", {}).get("url", ""))
             elif method == "Log.entryAdded":
                 self.console.append(params.get("entry", {}))
             elif method == "Runtime.consoleAPICalled":

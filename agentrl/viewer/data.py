@@ -14,6 +14,9 @@ Line formats (one trajectory per line, recognised per line):
 - ``agentrl eval``'s ``trajectories.jsonl``: ``{"env", "instance_id", "success", ..., "trajectory"}``.
 - ``agentrl rollout``'s output: a :class:`~agentrl.trajectory.Trajectory` dict per line.
 
+Threads: ``refresh()`` runs in a worker thread; the server reads the index (``row``, ``query``, ``locate``) only
+while no refresh runs (one asyncio lock), and reads lines (``read_record``) by location outside it.
+
 Bad input is reported, never fatal: a line that is not JSON, not an object, or not a trajectory record is counted
 with its 1-based line number and reason (``problems()``); a last line without its newline is *pending* (a writer
 may be in the middle of it) and is reported as such; a field of the wrong type shows as missing.
@@ -281,17 +284,25 @@ class TrajectoryIndex(LineFile):
             "success": None if self.success[i] < 0 else bool(self.success[i]),
         }
 
-    def record(self, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Reads and parses row ``i``'s line: ``(trajectory, meta)``. Raises ``ValueError`` if the line changed
-        into something unreadable since it was indexed."""
-        line = self.read_line(self.offsets[i], self.lengths[i])
-        obj, err = _parse(line)
+    def locate(self, i: int) -> tuple[int, int, int]:
+        """``(offset, length, line number)`` of row ``i``: read with :meth:`read_record` without the index."""
+        return self.offsets[i], self.lengths[i], self.line_nos[i]
+
+    def read_record(self, loc: tuple[int, int, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Reads and parses a located line: ``(trajectory, meta)``. Raises ``ValueError`` if the line changed into
+        something unreadable since it was indexed (a resumed run cut the file)."""
+        offset, length, line_no = loc
+        obj, err = _parse(self.read_line(offset, length))
         if err:
-            raise ValueError(f"line {self.line_nos[i]}: {err}")
+            raise ValueError(f"line {line_no}: {err}")
         traj, meta, err = split_record(obj)
         if err or traj is None:
-            raise ValueError(f"line {self.line_nos[i]}: {err}")
+            raise ValueError(f"line {line_no}: {err}")
         return traj, meta
+
+    def record(self, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Row ``i``'s ``(trajectory, meta)`` (see :meth:`read_record`)."""
+        return self.read_record(self.locate(i))
 
     def group_rows(self, i: int) -> list[int]:
         """Rows of the same group and step as row ``i`` (a group's members are trained at the same step)."""
@@ -421,7 +432,10 @@ class LogprobIndex(LineFile):
 
     def get(self, tid: str) -> dict[str, Any] | None:
         """The newest record of ``tid`` (``logprobs`` as a list of numbers, ``None`` where not finite), or None."""
-        loc = self.where.get(tid)
+        return self.read(self.where.get(tid))
+
+    def read(self, loc: tuple[int, int] | None) -> dict[str, Any] | None:
+        """The record at ``loc`` (a value of ``where``), as :meth:`get` returns it."""
         if loc is None:
             return None
         obj, err = _parse(self.read_line(*loc))

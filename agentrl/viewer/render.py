@@ -196,7 +196,8 @@ def trajectory_view(traj: dict[str, Any], meta: dict[str, Any], decoder: TokenDe
         rec = trainer["logprobs"]
         trainer_version = trainer.get("version")
         if len(rec) != n - 1:
-            warnings.append(f"trainer log-probs: {len(rec)} values for {n - 1} token positions (aligned from the start)")
+            warnings.append(f"trainer log-probs: {len(rec)} values for {n - 1} token positions "
+                            "(aligned from the start)")
         tlp = [None, *(None if x is None else round(x, 5) for x in rec[: n - 1])] + [None] * max(0, n - 1 - len(rec))
 
     msgs = _messages(traj)

@@ -108,7 +108,9 @@ class RunData:
         if self.trajectories is None:
             self.notes.append(f"no {TRAJECTORIES} in {self.root}" if not self.single_file else "")
         self.decoder: TokenDecoder | None = None
-        tok_path = Path(tokenizer).expanduser() if tokenizer else (None if self.single_file else find_tokenizer(self.root))
+        tok_path = Path(tokenizer).expanduser() if tokenizer else None
+        if tok_path is None:
+            tok_path = find_tokenizer(self.root)
         if tok_path is not None:
             try:
                 self.decoder = TokenDecoder.from_path(tok_path)
@@ -117,16 +119,15 @@ class RunData:
         if self.decoder is None:
             self.notes.append("no tokenizer: tokens show as ids (pass --tokenizer DIR)")
         self.notes = [n for n in self.notes if n]
-        self._refresh_lock = asyncio.Lock()
+        self.lock = asyncio.Lock()  # held while the index is refreshed or read (see agentrl.viewer.data)
         self._queries: OrderedDict[tuple, list[int]] = OrderedDict()
         self.background: asyncio.Future | None = None
 
     async def refresh(self) -> None:
-        """Indexes what was appended to the files since the last call (in a thread; one refresh at a time)."""
-        async with self._refresh_lock:
-            for f in (self.trajectories, self.logprobs, self.metrics):
-                if f is not None:
-                    await asyncio.to_thread(f.refresh)
+        """Indexes what was appended to the files since the last call, in a thread. Callers hold ``lock``."""
+        for f in (self.trajectories, self.logprobs, self.metrics):
+            if f is not None:
+                await asyncio.to_thread(f.refresh)
 
     def problems(self) -> dict[str, Any]:
         out = {}
@@ -146,13 +147,21 @@ class RunData:
                 self._queries.popitem(last=False)
         return rows
 
-    def view(self, row: int) -> dict[str, Any]:
+    def locate(self, row: int) -> tuple[Any, ...]:
+        """Where row ``row`` and its trainer record are (read under ``lock``; :meth:`view` reads them later)."""
         idx = self.trajectories
         assert idx is not None
-        traj, meta = idx.record(row)
-        tid = str(traj.get("id", ""))
-        trainer = self.logprobs.get(tid) if (self.logprobs is not None and tid) else None
-        return trajectory_view(traj, meta, self.decoder, trainer, idx.row(row))
+        tid = idx.ids[row]
+        lp_loc = self.logprobs.where.get(tid) if (self.logprobs is not None and tid) else None
+        return idx.locate(row), lp_loc, idx.row(row)
+
+    def view(self, loc: tuple[Any, ...]) -> dict[str, Any]:
+        """The page's view of a located row (reads and parses its lines; no index access, so no lock)."""
+        assert self.trajectories is not None
+        tloc, lp_loc, row = loc
+        traj, meta = self.trajectories.read_record(tloc)
+        trainer = self.logprobs.read(lp_loc) if (self.logprobs is not None and lp_loc) else None
+        return trajectory_view(traj, meta, self.decoder, trainer, row)
 
 
 def _sanitize(x: Any) -> Any:
@@ -239,11 +248,16 @@ def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = Non
         return web.Response(body=item[0], content_type=item[1], charset="utf-8" if item[1] != "image/svg+xml" else None)
 
     async def api_run(request: web.Request) -> web.Response:
-        await data.refresh()
+        async with data.lock:
+            await data.refresh()
+            return _run_info()
+
+    def _run_info() -> web.Response:
         idx = data.trajectories
         return _json({
             "name": data.name, "root": str(data.root), "files": data.files, "notes": data.notes,
-            "rows": len(idx) if idx is not None else 0, "envs": sorted(set(idx.envs)) if idx is not None else [],
+            "rows": len(idx) if idx is not None else 0,
+            "envs": sorted(set(idx.envs))[:1000] if idx is not None else [],
             "terminations": list(TERMINATIONS),
             "metric_keys": list(data.metrics.keys) if data.metrics is not None else [],
             "default_metrics": [k for k in DEFAULT_METRICS if data.metrics is not None and k in data.metrics.keys],
@@ -253,11 +267,12 @@ def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = Non
         })
 
     async def api_metrics(request: web.Request) -> web.Response:
-        await data.refresh()
         if data.metrics is None:
             return _json({"columns": {"step": []}, "problems": None})
         keys = [k for k in request.query.get("keys", "").split(",") if k][:50]
-        return _json({"columns": data.metrics.columns(keys), "problems": data.metrics.problems.to_json()})
+        async with data.lock:
+            await data.refresh()
+            return _json({"columns": data.metrics.columns(keys), "problems": data.metrics.problems.to_json()})
 
     def _need_rows() -> TrajectoryIndex:
         if data.trajectories is None:
@@ -265,7 +280,6 @@ def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = Non
         return data.trajectories
 
     async def api_list(request: web.Request) -> web.Response:
-        await data.refresh()
         idx = _need_rows()
         try:
             flt = Filter.from_query(dict(request.query))
@@ -273,10 +287,12 @@ def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = Non
             limit = _int_param(request, "limit", 100, lo=1, hi=MAX_PAGE)
         except ValueError as e:
             return _error(400, str(e))
-        rows = await asyncio.to_thread(data.query, flt)
-        page = [idx.row(i) for i in rows[offset: offset + limit]]
-        return _json({"total": len(rows), "offset": offset, "rows": page, "indexed": len(idx),
-                      "problems": idx.problems.to_json()})
+        async with data.lock:
+            await data.refresh()
+            rows = await asyncio.to_thread(data.query, flt)
+            page = [idx.row(i) for i in rows[offset: offset + limit]]
+            return _json({"total": len(rows), "offset": offset, "rows": page, "indexed": len(idx),
+                          "problems": idx.problems.to_json()})
 
     def _row(request: web.Request, name: str) -> int:
         idx = _need_rows()
@@ -286,25 +302,28 @@ def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = Non
             raise web.HTTPBadRequest(reason=str(e)) from None
 
     async def api_trajectory(request: web.Request) -> web.Response:
-        await data.refresh()
-        row = _row(request, "row")
+        async with data.lock:
+            await data.refresh()
+            loc = data.locate(_row(request, "row"))
         try:
-            return _json(await asyncio.to_thread(data.view, row))
+            return _json(await asyncio.to_thread(data.view, loc))
         except (OSError, ValueError) as e:
             return _error(422, str(e))
 
     async def api_group(request: web.Request) -> web.Response:
-        await data.refresh()
-        idx = _need_rows()
-        row = _row(request, "row")
-        return _json({"rows": [idx.row(i) for i in idx.group_rows(row)[:MAX_PAGE]]})
+        async with data.lock:
+            await data.refresh()
+            idx = _need_rows()
+            row = _row(request, "row")
+            return _json({"rows": [idx.row(i) for i in idx.group_rows(row)[:MAX_PAGE]]})
 
     async def api_diff(request: web.Request) -> web.Response:
-        await data.refresh()
-        a, b = _row(request, "a"), _row(request, "b")
+        async with data.lock:
+            await data.refresh()
+            la, lb = data.locate(_row(request, "a")), data.locate(_row(request, "b"))
 
         def work() -> dict[str, Any]:
-            va, vb = data.view(a), data.view(b)
+            va, vb = data.view(la), data.view(lb)
             marks = diff_marks(va["tokens"]["ids"], va["tokens"]["mask"], vb["tokens"]["ids"], vb["tokens"]["mask"])
             return {"a": va, "b": vb, **marks}
 
@@ -334,5 +353,10 @@ async def start(data: RunData, host: str = "127.0.0.1", port: int = 0) -> tuple[
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     app[HOSTS]["allowed"] = _allowed_hosts(host, bound)
     url_host = f"[{host}]" if ":" in host else host
-    data.background = asyncio.ensure_future(data.refresh())  # index now; the first API call waits for it
+
+    async def index_now() -> None:
+        async with data.lock:
+            await data.refresh()
+
+    data.background = asyncio.ensure_future(index_now())  # the first API call waits for it (the lock)
     return runner, f"http://{url_host}:{bound}/"

@@ -27,7 +27,7 @@ _BYTE_FALLBACK_RE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """The inverse of GPT-2's ``bytes_to_unicode``: printable bytes map to themselves, the others to 256+i."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = keep[:]
     n = 0
     for b in range(256):
@@ -151,7 +151,8 @@ def find_tokenizer(root: Path) -> Path | None:
     ``engine.model``; ``tiny`` is the tiny model's directory if it was built). Returns a ``tokenizer.json`` path
     or ``None``."""
     candidates: list[Path] = []
-    ckpts = sorted((root / "checkpoints").glob("step_*/model/tokenizer.json")) if (root / "checkpoints").is_dir() else []
+    ckpt_root = root / "checkpoints"
+    ckpts = sorted(ckpt_root.glob("step_*/model/tokenizer.json")) if ckpt_root.is_dir() else []
     candidates += ckpts[-1:]
     candidates.append(root / "warmstart" / "model" / "tokenizer.json")
     cfg_file = root / "config.yaml"

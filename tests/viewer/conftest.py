@@ -54,8 +54,12 @@ def build_run_dir(root: Path, steps: int = 2, record: int = 6) -> Path:
     from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer.trainer import Trainer
 
+    import torch
+
     model = ensure_tiny_model()
     tokenizer = AutoTokenizer.from_pretrained(str(model))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 0.5M-parameter model: more threads only contend on a busy machine
     trainer = Trainer(TrainerConfig(device="cpu", record_logprobs=record, micro_batch_size=16), model)
     files = RunFiles(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -74,6 +78,7 @@ def build_run_dir(root: Path, steps: int = 2, record: int = 6) -> Path:
             files.append_metrics(row)
     finally:
         tlog.close()
+        torch.set_num_threads(threads)
     # The checkpoint's model/ carries the tokenizer: the viewer finds it there, as in a real run directory.
     trainer.save_checkpoint(files.checkpoint_dir(steps))
     return root

@@ -52,6 +52,7 @@ async def no_script_errors(page: Chromium) -> None:
 
 def test_list_curves_trajectory_hover_and_diff(run_dir, view, tmp_path):
     srv = view(run_dir)
+    assert srv.url.startswith("http://127.0.0.1:")  # loopback unless --host says otherwise
     rows = get_json(srv.url + "api/list?limit=500")["rows"]
     recorded = next(r for r in rows if r["env"] == "agentrl/ToolUse-v0" and r["turns"] and r["turns"] >= 2)
     group = get_json(srv.url + f"api/group?row={recorded['row']}")["rows"]
@@ -124,6 +125,9 @@ def test_list_curves_trajectory_hover_and_diff(run_dir, view, tmp_path):
             heads = await page.evaluate("[...document.querySelectorAll('.col-head')].map(h => h.textContent)")
             assert recorded["id"] in heads[0] and other["id"] in heads[1]
             await no_script_errors(page)
+            # Everything the page loaded came from the viewer itself.
+            assert page.requests and all(u.startswith(srv.url) or u == "about:blank" for u in page.requests), \
+                page.requests
 
     asyncio.run(go())
 

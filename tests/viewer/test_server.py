@@ -4,6 +4,7 @@ the parameter."""
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -37,14 +38,33 @@ async def raw_get(url: str, target: str, host: str | None = None) -> tuple[int, 
     return int(lines[0].split()[1]), headers, body
 
 
-@pytest.fixture
-async def served(run_copy: Path):
-    """The run copy served in-process, with secrets planted next to it and one level up."""
-    (run_copy.parent / "secret.txt").write_text(SECRET)
-    (run_copy / "config.yaml").write_text(f"# {SECRET}\n")  # inside the run dir, but not a file the viewer serves
-    runner, url = await start(RunData(run_copy), "127.0.0.1", 0)
-    yield url
-    await runner.cleanup()
+class ThreadServer:
+    """The viewer served in-process from its own event-loop thread (one server for a whole test module)."""
+
+    def __init__(self, data: RunData):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runner, self.url = asyncio.run_coroutine_threadsafe(start(data, "127.0.0.1", 0), self.loop).result(60)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def served(run_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A copy of the run directory served in-process, with secrets planted next to it and one level up."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("served") / "run"
+    shutil.copytree(run_dir, root)
+    (root.parent / "secret.txt").write_text(SECRET)
+    (root / "config.yaml").write_text(f"# {SECRET}\n")  # inside the run dir, but not a file the viewer serves
+    srv = ThreadServer(RunData(root))
+    yield srv.url
+    srv.close()
 
 
 TRAVERSALS = [
@@ -165,3 +185,9 @@ def test_cli_refuses_a_missing_path(tmp_path, capsys):
 
     assert main(["view", str(tmp_path / "nope")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_a_single_file_serves_that_file_only(run_dir):
+    data = RunData(run_dir / "trajectories.jsonl")
+    assert data.files == {"trajectories": "trajectories.jsonl"} and data.metrics is None and data.logprobs is None
+    assert data.decoder is not None  # the tokenizer of the run it sits in is still found
