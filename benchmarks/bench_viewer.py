@@ -11,10 +11,11 @@ whose tokens are the tiny model's tokenizer applied to chat-formatted text:
 - ``list``: ``--list-rows`` (default 100,000) trajectories of ~``--list-tokens`` tokens in 2,000-step order.
 
 Measured (each ``--repeats`` times; median and max): opening the long trajectory from the list (hash change ->
-every token drawn and laid out: two animation frames after the view says it is ready) and by its URL in a fresh
-tab (page, script, run info and trajectory); the server indexing the 100k-line file on start (fast summary path)
-against a full parse of every line; the list's first page, a filtered and sorted page, and the last page; the
-server's resident memory after indexing.
+first screen drawn, and -> every token drawn; each two animation frames after the page says so, so layout and
+paint are in) and by its URL in a fresh tab (page, script, run info and trajectory); the server indexing the
+100k-line file on start; indexing 10k of its lines by the summary at each line's head against parsing each line
+whole (the fallback for files other writers made); the list's first page, a filtered and sorted page and the last
+page in a fresh tab; one filtered, sorted API page deep in the list; the server's resident memory after indexing.
 """
 
 from __future__ import annotations
@@ -145,9 +146,23 @@ async def frames(page: Chromium) -> None:
     await page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
 
-async def bench_long(url: str, repeats: int) -> dict[str, list[float]]:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def main_thread_cpu(page: Chromium) -> dict[str, float]:
+    """The renderer main thread's CPU seconds so far: all tasks, script, layout and style."""
+    m = {x["name"]: x["value"] for x in (await page.send("Performance.getMetrics"))["metrics"]}
+    return {k: m[k] for k in ("TaskDuration", "ScriptDuration", "LayoutDuration", "RecalcStyleDuration")}
+
+
+async def bench_long(url: str, repeats: int, server_pid: int) -> dict[str, list[float]]:
     """Seconds from the user's action to the first screen drawn (header, legend, the first 6,000 tokens laid out
-    and painted) and to every token drawn, opening from the list and by URL in a fresh tab."""
+    and painted) and to every token drawn, opening from the list and by URL in a fresh tab; and, for the opening
+    from the list, the CPU seconds it cost the server and the page's main thread (less sensitive to a busy machine
+    than wall time)."""
     out: dict[str, list[float]] = {}
 
     async def open_(start) -> tuple[float, float]:
@@ -161,12 +176,18 @@ async def bench_long(url: str, repeats: int) -> dict[str, list[float]]:
         return t1 - t0, time.perf_counter() - t0
 
     async with Chromium(width=1400, height=1000) as page:
+        await page.send("Performance.enable", {"timeDomain": "threadTicks"})
         for _ in range(repeats):
             await page.navigate(url)
             await page.wait_for("document.body.dataset.listReady")
+            c0, m0 = cpu_s(server_pid), await main_thread_cpu(page)
             first, full = await open_(lambda: page.evaluate("location.hash = '#/t/0'"))
+            c1, m1 = cpu_s(server_pid), await main_thread_cpu(page)
             out.setdefault("from the list: first screen", []).append(first)
             out.setdefault("from the list: every token drawn", []).append(full)
+            out.setdefault("cpu: server", []).append(c1 - c0)
+            for k in m0:
+                out.setdefault(f"cpu: page {k}", []).append(m1[k] - m0[k])
         out["spans"] = [float(await page.evaluate("document.querySelectorAll('#chat span.t').length"))]
         for _ in range(repeats):
             await page.navigate("about:blank")
@@ -193,24 +214,30 @@ async def bench_list(url: str, repeats: int) -> dict[str, list[float]]:
     return out
 
 
-def full_parse_s(path: Path, lines: int) -> float:
-    """Seconds to index ``lines`` lines by parsing each whole (the fallback path), scaled to the file."""
+def index_paths_s(path: Path, lines: int) -> tuple[float, float]:
+    """Seconds to index the first ``lines`` lines in process: by the summary at each line's head (as written)
+    and by parsing each line whole (the same records with another key order: the fallback path)."""
     from agentrl.viewer.data import TrajectoryIndex
 
-    sample = path.with_name("sample.jsonl")
-    with open(path, "rb") as src, open(sample, "wb") as dst:
+    fast, full = path.with_name("sample-fast.jsonl"), path.with_name("sample-full.jsonl")
+    with open(path, "rb") as src, open(fast, "wb") as f1, open(full, "wb") as f2:
         for i, line in enumerate(src):
             if i >= lines:
                 break
+            f1.write(line)
             rec = json.loads(line)
-            dst.write((json.dumps({"trajectory": rec["trajectory"], "step": rec["step"]}) + "\n").encode())
-    idx = TrajectoryIndex(sample)
-    t0 = time.perf_counter()
-    idx.refresh()
-    return time.perf_counter() - t0
+            f2.write((json.dumps({"trajectory": rec["trajectory"], "step": rec["step"]}) + "\n").encode())
+    out = []
+    for f in (fast, full):
+        idx = TrajectoryIndex(f)
+        t0 = time.perf_counter()
+        idx.refresh()
+        out.append(time.perf_counter() - t0)
+        assert len(idx) == lines
+    return out[0], out[1]
 
 
-def screenshot(run: Path, out: Path, row: int | None) -> None:
+def screenshot(run: Path, out: Path, row: int | None, mode: str) -> None:
     srv = ViewServer(run)
 
     async def go() -> None:
@@ -220,8 +247,14 @@ def screenshot(run: Path, out: Path, row: int | None) -> None:
                 await page.wait_for("document.body.dataset.listReady")
             else:
                 await page.navigate(srv.url + f"#/t/{row}")
-                await page.wait_for(f"document.body.dataset.trajReady === '{row}'")
-                await page.evaluate("""(() => { const s = [...document.querySelectorAll('#chat .block.kind-assistant span.t')];
+                await page.wait_for(f"document.body.dataset.trajComplete === '{row}'")
+                await page.evaluate(f"""(() => {{ const s = document.getElementById('color-mode'); s.value = '{mode}';
+                    s.dispatchEvent(new Event('change')); }})()""")
+                await page.wait_for(f"document.body.dataset.modeReady === '{mode}'")
+                # Hover a generated token on screen, as a user would, so the picture shows the tooltip.
+                await page.evaluate("""(() => { const s = [...document.querySelectorAll('#chat .block.kind-assistant span.t')]
+                    .filter(t => { const r = t.getBoundingClientRect();
+                                   return r.top > 300 && r.bottom < innerHeight - 240 && t.textContent.trim(); });
                     const t = s[Math.floor(s.length / 2)]; if (!t) return; const r = t.getBoundingClientRect();
                     t.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
                     t.dispatchEvent(new MouseEvent('mousemove', {bubbles: true, clientX: r.right, clientY: r.bottom})); })()""")
@@ -238,16 +271,18 @@ def screenshot(run: Path, out: Path, row: int | None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--long-tokens", type=int, default=65536)
-    ap.add_argument("--list-rows", type=int, default=100_000)
+    ap.add_argument("--list-rows", type=int, default=100_000, help="0 skips the list part")
     ap.add_argument("--list-tokens", type=int, default=120)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed at the end)")
     ap.add_argument("--screenshot-run", help="instead: screenshot this run directory's trajectory --row")
     ap.add_argument("--row", type=int, default=None, help="with --screenshot-run: the row to open (default: list)")
     ap.add_argument("--screenshot", default="docs/viewer.png")
+    ap.add_argument("--mode", default="version", help="with --row: the token colouring (version, staleness, mask, "
+                                                      "logprob, delta)")
     args = ap.parse_args()
     if args.screenshot_run:
-        screenshot(Path(args.screenshot_run), Path(args.screenshot), args.row)
+        screenshot(Path(args.screenshot_run), Path(args.screenshot), args.row, args.mode)
         return
 
     tmp = tempfile.TemporaryDirectory(prefix="bench-viewer-") if not args.dir else None
@@ -265,6 +300,35 @@ def main() -> None:
                             "logprobs": [x + rng.gauss(0, 0.02) if m else -rng.expovariate(0.3)
                                          for x, m in zip(t.logprobs[1:], t.loss_mask[1:])]}])
     log.close()
+    srv = ViewServer(long_dir)
+    try:
+        long = asyncio.run(bench_long(srv.url, args.repeats, srv.proc.pid))
+    finally:
+        srv.close()
+
+    def cell(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.3f} s (max {max(xs):.3f})"
+
+    rows_out = [f"| long trajectory | {len(t.token_ids):,} tokens, {t.num_turns} turns, "
+                f"{int(long['spans'][0]):,} token spans drawn |"]
+    rows_out += [f"| open the long trajectory {k} (median of {args.repeats}) | {cell(v)} |"
+                 for k, v in long.items() if k != "spans" and not k.startswith("cpu")]
+    cpu = {k: statistics.median(v) for k, v in long.items() if k.startswith("cpu")}
+    rows_out.append(f"| CPU seconds of one opening from the list (median): server / page main thread (script, layout, "
+                    f"style) | {cpu['cpu: server']:.2f} / {cpu['cpu: page TaskDuration']:.2f} "
+                    f"({cpu['cpu: page ScriptDuration']:.2f}, {cpu['cpu: page LayoutDuration']:.2f}, "
+                    f"{cpu['cpu: page RecalcStyleDuration']:.2f}) |")
+    if args.list_rows:
+        rows_out += bench_list_file(args, tok, list_dir, cell)
+    load1 = Path("/proc/loadavg").read_text().split()[:3]
+    print(f"\nViewer benchmark ({os.cpu_count()} cores, load average before {' '.join(load0)}, after {' '.join(load1)})\n")
+    print("| what | measured |\n| --- | --- |")
+    print("\n".join(rows_out))
+    if tmp is not None:
+        tmp.cleanup()
+
+
+def bench_list_file(args: argparse.Namespace, tok, list_dir: Path, cell) -> list[str]:
     t0 = time.perf_counter()
     log = TrajectoryLog(list_dir).open(0)
     batch, step_of = [], None
@@ -279,11 +343,6 @@ def main() -> None:
     write_s = time.perf_counter() - t0
     size_mb = (list_dir / "trajectories.jsonl").stat().st_size / 2**20
 
-    srv = ViewServer(long_dir)
-    try:
-        long = asyncio.run(bench_long(srv.url, args.repeats))
-    finally:
-        srv.close()
     srv = ViewServer(list_dir)
     try:
         t0 = time.perf_counter()
@@ -297,28 +356,17 @@ def main() -> None:
     finally:
         srv.close()
     sample = min(args.list_rows, 10_000)
-    full_s = full_parse_s(list_dir / "trajectories.jsonl", sample) * args.list_rows / sample
-    load1 = Path("/proc/loadavg").read_text().split()[:3]
-
-    def cell(xs: list[float]) -> str:
-        return f"{statistics.median(xs):.3f} s (max {max(xs):.3f})"
-
-    print(f"\nViewer benchmark ({os.cpu_count()} cores, load average before {' '.join(load0)}, after {' '.join(load1)})\n")
-    print("| what | measured |\n| --- | --- |")
-    print(f"| long trajectory | {len(t.token_ids):,} tokens, {t.num_turns} turns, {int(long['spans'][0]):,} token spans drawn |")
-    for k in long:
-        if k != "spans":
-            print(f"| open the long trajectory {k} (median of {args.repeats}) | {cell(long[k])} |")
-    print(f"| list file | {run['rows']:,} trajectories, {size_mb:,.0f} MiB (written in {write_s:.0f} s by TrajectoryLog) |")
-    print(f"| server start: index the list file (summary read from each line's head) | {index_s:.2f} s |")
-    print(f"| same file parsed line by line in full (fallback path, from {sample:,} lines) | {full_s:.2f} s "
-          f"({full_s / index_s:.1f}x) |")
-    print(f"| server resident memory after indexing | {rss:.0f} MiB |")
-    for k in ("first page", "filtered + sorted page", "last page"):
-        print(f"| list page load in a fresh tab, {k} (median of {args.repeats}) | {cell(lst[k])} |")
-    print(f"| API: filter + sort 100k rows, page at offset 50,000 | {query_s:.3f} s |")
-    if tmp is not None:
-        tmp.cleanup()
+    fast_s, full_s = index_paths_s(list_dir / "trajectories.jsonl", sample)
+    out = [f"| list file | {run['rows']:,} trajectories, {size_mb:,.0f} MiB (written in {write_s:.0f} s by "
+           "TrajectoryLog) |",
+           f"| server start: index the list file (summary read from each line's head) | {index_s:.2f} s |",
+           f"| index {sample:,} of those lines in process: summary at the line head / whole line parsed "
+           f"(fallback) | {fast_s:.2f} s / {full_s:.2f} s ({full_s / fast_s:.1f}x) |",
+           f"| server resident memory after indexing | {rss:.0f} MiB |"]
+    out += [f"| list page load in a fresh tab, {k} (median of {args.repeats}) | {cell(lst[k])} |"
+            for k in ("first page", "filtered + sorted page", "last page")]
+    out.append(f"| API: filter + sort 100k rows, page at offset 50,000 | {query_s:.3f} s |")
+    return out
 
 
 if __name__ == "__main__":

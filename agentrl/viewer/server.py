@@ -82,31 +82,15 @@ class RunData:
         self.single_file = p.is_file()
         self.root = p.resolve().parent if self.single_file else p.resolve()
         self.name = p.name
-        names = {"trajectories": p.name} if self.single_file else {
+        self._names = {"trajectories": p.name} if self.single_file else {
             "trajectories": TRAJECTORIES, "logprobs": TRAINER_LOGPROBS, "metrics": "metrics.jsonl",
             "summary": "summary.json"}
-        found: dict[str, Path] = {}
-        for key, name in names.items():
-            try:
-                f = safe_file(self.root, name)
-            except UnsafePath as e:
-                self.notes.append(f"ignored {e}")
-                continue
-            if f is not None:
-                found[key] = f
-        self.files = {k: str(v.name) for k, v in found.items()}
-        self.trajectories = TrajectoryIndex(found["trajectories"]) if "trajectories" in found else None
-        self.logprobs = LogprobIndex(found["logprobs"]) if "logprobs" in found else None
-        self.metrics = MetricsFile(found["metrics"]) if "metrics" in found else None
+        self.files: dict[str, str] = {}
+        self.trajectories: TrajectoryIndex | None = None
+        self.logprobs: LogprobIndex | None = None
+        self.metrics: MetricsFile | None = None
         self.summary: Any = None
-        if "summary" in found:
-            try:
-                with open_nofollow(found["summary"]) as fh:
-                    self.summary = json.loads(fh.read(SUMMARY_MAX_BYTES))
-            except (OSError, ValueError) as e:
-                self.notes.append(f"summary.json unreadable: {e}")
-        if self.trajectories is None:
-            self.notes.append(f"no {TRAJECTORIES} in {self.root}" if not self.single_file else "")
+        self._discover()
         self.decoder: TokenDecoder | None = None
         tok_path = Path(tokenizer).expanduser() if tokenizer else None
         if tok_path is None:
@@ -123,8 +107,35 @@ class RunData:
         self._queries: OrderedDict[tuple, list[int]] = OrderedDict()
         self.background: asyncio.Future | None = None
 
+    def _discover(self) -> None:
+        """Finds the known files not found yet (a run that is starting writes them later)."""
+        kinds = {"trajectories": TrajectoryIndex, "logprobs": LogprobIndex, "metrics": MetricsFile}
+        for key, name in self._names.items():
+            if key in self.files:
+                continue
+            try:
+                f = safe_file(self.root, name)
+            except UnsafePath as e:
+                note = f"ignored {e}"
+                if note not in self.notes:
+                    self.notes.append(note)
+                continue
+            if f is None:
+                continue
+            self.files[key] = f.name
+            if key == "summary":
+                try:
+                    with open_nofollow(f) as fh:
+                        self.summary = json.loads(fh.read(SUMMARY_MAX_BYTES))
+                except (OSError, ValueError) as e:
+                    self.notes.append(f"summary.json unreadable: {e}")
+            else:
+                setattr(self, key, kinds[key](f))
+
     async def refresh(self) -> None:
-        """Indexes what was appended to the files since the last call, in a thread. Callers hold ``lock``."""
+        """Indexes what was appended to the files since the last call (and picks up files that appeared), in a
+        thread. Callers hold ``lock``."""
+        self._discover()
         for f in (self.trajectories, self.logprobs, self.metrics):
             if f is not None:
                 await asyncio.to_thread(f.refresh)
@@ -255,7 +266,8 @@ def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = Non
     def _run_info() -> web.Response:
         idx = data.trajectories
         return _json({
-            "name": data.name, "root": str(data.root), "files": data.files, "notes": data.notes,
+            "name": data.name, "root": str(data.root), "files": data.files,
+            "notes": data.notes + ([f"no {TRAJECTORIES} in {data.root} (yet)"] if idx is None else []),
             "rows": len(idx) if idx is not None else 0,
             "envs": sorted(set(idx.envs))[:1000] if idx is not None else [],
             "terminations": list(TERMINATIONS),

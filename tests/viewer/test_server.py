@@ -191,3 +191,23 @@ def test_a_single_file_serves_that_file_only(run_dir):
     data = RunData(run_dir / "trajectories.jsonl")
     assert data.files == {"trajectories": "trajectories.jsonl"} and data.metrics is None and data.logprobs is None
     assert data.decoder is not None  # the tokenizer of the run it sits in is still found
+
+
+async def test_files_that_appear_later_are_picked_up(run_dir, tmp_path):
+    """A viewer started on a run that has not written its files yet shows them once they appear."""
+    import shutil
+
+    root = tmp_path / "run"
+    root.mkdir()
+    runner, url = await start(RunData(root), "127.0.0.1", 0)
+    try:
+        run = json.loads((await raw_get(url, "/api/run"))[2])
+        assert run["rows"] == 0 and any("no trajectories.jsonl" in n for n in run["notes"])
+        for name in ("trajectories.jsonl", "trainer_logprobs.jsonl", "metrics.jsonl"):
+            shutil.copy(run_dir / name, root / name)
+        run = json.loads((await raw_get(url, "/api/run"))[2])
+        assert run["rows"] == 24 and set(run["files"]) == {"trajectories", "logprobs", "metrics"}
+        status, _, body = await raw_get(url, "/api/trajectory?row=0")
+        assert status == 200 and json.loads(body)["tokens"]["tlp"] is not None
+    finally:
+        await runner.cleanup()
