@@ -22,6 +22,8 @@ flushed and fsynced), ``tb/`` (TensorBoard events), ``warmstart/`` (the warm-sta
 ``resume`` continues from the newest step whose two parts are both complete: the trainer restores model, optimizer
 and RNG, the engine receives those weights at that version, metrics lines of later steps are removed, and training
 goes on at the next step, so no step is repeated or skipped.
+Trained trajectories and the trainer's log-prob records go to ``trajectories.jsonl`` and ``trainer_logprobs.jsonl``
+(:mod:`agentrl.runlog`, shown by ``agentrl view``); resuming drops their lines of later steps too.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from agentrl.config import ConfigError, from_dict, to_dict
 from agentrl.inference.config import EngineConfig
 from agentrl.manager import EpisodeSpec, ManagerConfig
 from agentrl.rollout import RolloutConfig
+from agentrl.runlog import TrajectoryLog, TrajectoryLogConfig
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trajectory import Group
 
@@ -126,6 +129,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    trajectory_log: TrajectoryLogConfig = field(default_factory=TrajectoryLogConfig)  # for `agentrl view`
     ray_address: str | None = None
     ray_num_cpus: int | None = None
     trainer_num_cpus: float = 1.0
@@ -400,6 +404,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, initial=step0, desc="train", unit="step", dynamic_ncols=True)
+    tlog = TrajectoryLog(files.root, cfg.trajectory_log).open(step0)
     async with EnvManager(mcfg, policy) as mgr:
         mgr.set_version(step0)
         mgr.start(next_spec)
@@ -453,6 +458,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                 })
                 if cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.steps:
                     row.update(_flatten(await evaluate(engine, tokenizer, cfg, cfg.eval.episodes), "eval/"))
+                await tlog.write_step(version, trajs, trainer if cfg.trainer.record_logprobs else None)
                 files.append_metrics(row)
                 if writer is not None:
                     for k, v in row.items():
@@ -469,6 +475,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                         {"step": version, "next_task": task_counter[0], "history": history}))
         finally:
             await idle.stop()
+            tlog.close()
             if bar is not None:
                 bar.close()
             await mgr.stop()

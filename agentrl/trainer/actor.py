@@ -60,6 +60,9 @@ class TrainerWorker:
     def compute_logprobs(self, batch: Sequence[Trajectory] | Sequence[Sequence[int]]):  # -> Tensor [B, T]
         return self.trainer.compute_logprobs(batch)
 
+    def take_logprob_records(self) -> list[dict[str, Any]]:
+        return self.trainer.take_logprob_records()
+
     def state_dict_for_inference(self, dtype: Any = None) -> dict[str, Any]:
         return self.trainer.state_dict_for_inference(dtype)
 

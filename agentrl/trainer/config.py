@@ -177,6 +177,7 @@ class TrainerConfig:
     log_mismatch_metrics: bool = True
     seed: int = 0
     world_size: int = 1
+    record_logprobs: int = 0  # per train_step, trajectories whose trainer log-probs are kept (agentrl.trainer.records)
 
     def validate(self) -> None:
         self.optimizer.validate()
@@ -196,5 +197,7 @@ class TrainerConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ValueError(f"max_seq_len must be >= 2 or null, got {self.max_seq_len}")
+        if self.record_logprobs < 0:
+            raise ValueError(f"record_logprobs must be >= 0, got {self.record_logprobs}")
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")

@@ -35,6 +35,7 @@ from torch import Tensor
 from agentrl.config import from_dict, to_dict
 from agentrl.trainer.advantages import compute_advantages
 from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer import records
 from agentrl.trainer.losses import policy_loss
 from agentrl.trajectory import Group, Trajectory
 
@@ -415,6 +416,7 @@ class Trainer:
         )
         if not trajs:
             raise ValueError("train_step got an empty batch")
+        records.capture(self, trajs)
         if advantages is None:
             advantages = compute_advantages(batch, self.config.advantage)  # type: ignore[arg-type]
         seqs, metrics = self._prepare(trajs, advantages)
@@ -455,6 +457,10 @@ class Trainer:
             metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["train/skipped_steps"] = float(skipped + (0 if mini else 1))
         return self._finish_step(metrics, t_start)
+
+    def take_logprob_records(self) -> list[dict[str, Any]]:
+        """Returns and clears the per-token log-prob records (see :mod:`agentrl.trainer.records`)."""
+        return records.take(self)
 
     def _finish_step(self, metrics: dict[str, float], t_start: float) -> dict[str, float]:
         """Bumps ``version`` (one per train_step / sft_step) and adds the per-step lr, timing and counters."""

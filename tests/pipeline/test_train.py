@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 # Small and fast: 2 groups of 2 per step, no warm start, short evals.
 SMALL = ["steps=3", "manager.num_groups=2", "manager.group_size=2", "warm_start.episodes=0", "eval.episodes=4",
-         "rollout.max_turns=3", "manager.max_turns=3", "checkpoint_every=1", "progress=false", "tensorboard=true"]
+         "rollout.max_turns=3", "manager.max_turns=3", "checkpoint_every=1", "progress=false", "tensorboard=true",
+         "trainer.record_logprobs=2"]
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -72,6 +73,26 @@ def test_training_runs_with_bounded_staleness(tmp_path, alpha):
     assert summary["eval_before"]["episodes"] == 4 and summary["eval_after"]["episodes"] == 4
     assert RunFiles(run_dir).latest_checkpoint()[0] == 3
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    check_viewer_files(run_dir, steps=3, per_step=4, alpha=alpha)
+
+
+def check_viewer_files(run_dir: Path, steps: int, per_step: int, alpha: int) -> None:
+    """What ``agentrl view`` shows: every step's trained trajectories, and the trainer's log-probs of 2 of them."""
+    from agentrl.viewer.data import LogprobIndex, TrajectoryIndex
+
+    idx = TrajectoryIndex(run_dir / "trajectories.jsonl")
+    idx.refresh()
+    assert idx.problems.count == 0 and not idx.problems.pending_tail
+    assert list(idx.steps) == [s for s in range(1, steps + 1) for _ in range(per_step)]  # no step repeated
+    assert 0 <= max(idx.staleness) <= alpha
+    lp = LogprobIndex(run_dir / "trainer_logprobs.jsonl")
+    lp.refresh()
+    assert len(lp.where) == 2 * steps and lp.problems.count == 0
+    for tid in lp.where:
+        rec, row = lp.get(tid), idx.by_id[tid]
+        traj, _ = idx.record(row)
+        assert rec["version"] == rec["step"] - 1 == idx.steps[row] - 1
+        assert len(rec["logprobs"]) == len(traj["token_ids"]) - 1 and all(x <= 0 for x in rec["logprobs"])
 
 
 def test_sigkill_then_resume_repeats_and_skips_no_step(tmp_path):
@@ -104,3 +125,4 @@ def test_sigkill_then_resume_repeats_and_skips_no_step(tmp_path):
     assert steps == [1, 2, 3, 4, 5], steps  # nothing repeated, nothing skipped
     state = json.loads((files.checkpoint_dir(5) / "trainer_state.json").read_text())
     assert state["version"] == 5 and state["optimizer_steps"] == 5
+    check_viewer_files(run_dir, steps=5, per_step=4, alpha=1)
