@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from .base import (
     ExecResult,
+    FileTooLarge,
     Mount,
     OutputCap,
     Sandbox,
@@ -76,6 +77,7 @@ __all__ = [
     "BwrapSandbox",
     "DockerSandbox",
     "ExecResult",
+    "FileTooLarge",
     "Mount",
     "OutputCap",
     "Sandbox",
