@@ -19,6 +19,8 @@ command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v docker-init >/dev/null 2>&1 || need+=(tini)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+dpkg -s libseccomp2 >/dev/null 2>&1 || need+=(libseccomp2)
 if [ "${#need[@]}" -gt 0 ]; then
     echo "sandbox-setup: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
