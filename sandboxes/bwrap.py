@@ -30,7 +30,6 @@ import ctypes.util
 import os
 import secrets
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -38,15 +37,11 @@ from typing import Callable, Mapping, Sequence
 from . import seccomp
 from .base import (
     PLAIN_TIMEOUT_S,
-    TIMEOUT_EXIT,
     ExecResult,
     OutputCap,
     Sandbox,
     SandboxError,
     SandboxSpec,
-    check_timeout,
-    command_string,
-    done_code,
     driver_tag,
     install_exit_hooks,
     new_marker,
@@ -54,9 +49,9 @@ from .base import (
     state_root,
     to_thread,
     unregister_live,
-    wrap_command,
 )
-from .cgroups import CGROUP_ROOT, V1_CONTROLLERS, Cgroup, cgroup_mode  # noqa: F401  (re-exported)
+from .wrappers import TIMEOUT_EXIT, check_timeout, command_string, done_code, wrap_command
+from .cgroups import Cgroup, cgroup_mode
 
 # Slack after the command's end or its timeout for bwrap to exit and its pipes to close.
 EXEC_GRACE_S = 10.0
@@ -140,11 +135,35 @@ def _bin(name: str) -> str:
     return _BIN[name]
 
 
+_USERNS_FLAGS: list[str] | None = None
+
+
+def userns_flags() -> list[str]:
+    """``--unshare-user --disable-userns`` when this host's bwrap supports them (0.8+, not setuid), probed once the
+    way execs run; else [] (the seccomp filter still refuses new namespaces)."""
+    global _USERNS_FLAGS
+    if _USERNS_FLAGS is None:
+        import subprocess
+
+        flags = ["--unshare-user", "--disable-userns"]
+        prefix = ([_bin("setpriv"), f"--reuid={UID_BASE}", f"--regid={UID_BASE}", "--clear-groups"]
+                  if os.geteuid() == 0 else [])
+        try:
+            p = subprocess.run([*prefix, _bin("bwrap"), *flags, "--ro-bind", "/", "/", "true"], capture_output=True,
+                               timeout=30, env={}, cwd="/")
+            ok = p.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        _USERNS_FLAGS = flags if ok else []
+    return _USERNS_FLAGS
+
+
 class BwrapSandbox(Sandbox):
     """A sandbox made of a host state dir (work dir + /tmp) and a cgroup; each exec is one bwrap process.
 
     ``limits``: how limits are enforced, e.g. "cgroup-v1+tmpfs" (root) or "rlimit" (no cgroups, no disk cap).
-    ``seccomp``: whether commands run under the seccomp filter.
+    ``isolation``: the hardening in force beyond namespaces, e.g. "seccomp+no-userns" (each part is dropped, with a
+    warning, where the host lacks it: libseccomp, a bwrap with ``--disable-userns``).
     """
 
     backend = "bwrap"
@@ -154,7 +173,7 @@ class BwrapSandbox(Sandbox):
         self.state_dir = state_root() / _safe(self.run_id) / self.id
         self.cgroup: Cgroup | None = None
         self.limits = "none"
-        self.seccomp = False
+        self.isolation = ""
         self.host_uid: int | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
         self._dead: str | None = None
@@ -206,7 +225,8 @@ class BwrapSandbox(Sandbox):
         except OSError as e:
             self._cleanup_host()
             raise SandboxError(f"create failed: {e}", sandbox_id=self.id, transient=False) from e
-        self.seccomp = seccomp.program() is not None
+        parts = (["seccomp"] if seccomp.program() is not None else []) + (["no-userns"] if userns_flags() else [])
+        self.isolation = "+".join(parts) or "namespaces-only"
         self.started_at = now
         self.expires_at = now + spec.ttl_s
         register_live(self)
@@ -280,7 +300,7 @@ class BwrapSandbox(Sandbox):
         """bwrap's options (they travel through ``--args FD``, never on a command line)."""
         spec = self.spec
         uid, gid = spec.uid_gid()
-        bw = ["--unshare-all", "--unshare-user", "--disable-userns"]
+        bw = ["--unshare-all", *userns_flags()]
         if spec.network:
             bw.append("--share-net")
         bw += ["--die-with-parent", "--new-session", "--uid", str(uid), "--gid", str(gid), "--hostname", "sandbox"]

@@ -19,6 +19,7 @@ import secrets
 import signal
 import time
 from pathlib import Path
+from typing import Callable
 
 CGROUP_ROOT = Path(os.environ.get("AGENTRL_CGROUP_ROOT", "/sys/fs/cgroup"))
 V1_CONTROLLERS = ("memory", "pids", "cpu")
@@ -212,9 +213,10 @@ class ContainerGroups:
             return cls(mode, path)
         return None
 
-    def find_pid(self, marker: str, deadline: float) -> int | None:
+    def find_pid(self, marker: str, deadline: float, stop: Callable[[], bool] = lambda: False) -> int | None:
         """The host pid of the exec whose command line holds ``marker``, waiting (polling the container's own
-        group, where a new exec's process lands and waits for its "go") until ``deadline``; None if it never came."""
+        group, where a new exec's process lands and waits for its "go") until ``deadline`` or until ``stop()``;
+        None if it never came."""
         needle = marker.encode()
         wait = 0.001
         while True:
@@ -224,7 +226,7 @@ class ContainerGroups:
                         return pid
                 except OSError:
                     continue
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or stop():
                 return None
             time.sleep(wait)
             wait = min(wait * 1.5, 0.02)

@@ -40,25 +40,20 @@ from .base import (
     LABEL_RUN,
     LABEL_SANDBOX,
     PLAIN_TIMEOUT_S,
-    STATUS_TIMEOUT,
-    TIMEOUT_EXIT,
     TTL_UID,
     ExecResult,
     OutputCap,
     Sandbox,
     SandboxError,
     SandboxSpec,
-    check_timeout,
-    done_code,
     driver_tag,
     install_exit_hooks,
     new_marker,
     register_live,
     to_thread,
     unregister_live,
-    watchdog_command,
-    wrap_command,
 )
+from .wrappers import STATUS_TIMEOUT, TIMEOUT_EXIT, check_timeout, done_code, watchdog_command, wrap_command
 from .cgroups import ContainerGroups
 
 log = logging.getLogger("agentrl.sandboxes")
@@ -113,6 +108,24 @@ class _Stream:
         self._recv = getattr(self.sock, "recv", None) or self.sock.read
         self.buf = bytearray()
         self.eof = False
+
+    def ready(self) -> bool:
+        """Whether anything (data or the end) has arrived, without waiting."""
+        if self.buf or self.eof:
+            return True
+        if not hasattr(self.sock, "setblocking"):
+            return False
+        self.sock.setblocking(False)
+        try:
+            chunk = self._recv(65536)
+        except (BlockingIOError, InterruptedError, socket.timeout):
+            return False
+        finally:
+            self.sock.setblocking(True)
+        if not chunk:
+            self.eof = True
+        self.buf += chunk
+        return True
 
     def read(self, until: float) -> None:
         """Reads what arrives before monotonic time ``until`` (at least one chunk unless the time is up); sets
@@ -390,11 +403,19 @@ class DockerSandbox(Sandbox):
         deadline = t0 + timeout + (EXEC_GRACE_S if groups is None else 0.0)
         try:
             if groups is not None:
-                pid = groups.find_pid(marker, t0 + EXEC_START_S)
+                # The wrapper says nothing before "go": anything on the stream means the exec failed to start
+                # (a missing cwd, an unknown user), and the engine's message is the command's output.
+                pid = groups.find_pid(marker, t0 + EXEC_START_S, stop=stream.ready)
+                if pid is None and stream.ready():
+                    return self._failed_start(eid, stream, sink)
                 if pid is None:
                     reason = self._dead_soon()
                     raise SandboxError(reason or f"exec did not start within {EXEC_START_S:.0f}s", sandbox_id=self.id)
-                group = groups.new_group(pid)
+                try:
+                    group = groups.new_group(pid)
+                except OSError as e:
+                    reason = self._dead_soon()
+                    raise SandboxError(reason or f"cannot make the exec's cgroup: {e}", sandbox_id=self.id) from e
                 deadline = time.monotonic() + timeout
             payload = (b"go\n" if groups is not None else b"") + (stdin or b"")
             if groups is not None or stdin is not None:
@@ -449,6 +470,22 @@ class DockerSandbox(Sandbox):
             if code is None:
                 raise SandboxError("exec finished without an exit code", sandbox_id=self.id)
         return (TIMEOUT_EXIT if timed_out else int(code)), bytes(err), timed_out  # type: ignore[arg-type]
+
+    def _failed_start(self, eid: str, stream: _Stream, sink: Callable[[bytes], None]) -> tuple[int, bytes, bool]:
+        err = bytearray()
+        end = time.monotonic() + EXEC_GRACE_S
+        while not stream.eof and time.monotonic() < end:
+            stream.read(end)
+        for stream_id, data in stream.frames():
+            if stream_id == 2:
+                err += data
+            else:
+                sink(data)
+        code = self._exit_code(eid)
+        if code is None:
+            reason = self._dead_soon()
+            raise SandboxError(reason or f"exec failed to start: {bytes(err)[-500:]!r}", sandbox_id=self.id)
+        return code, bytes(err), False
 
     def _exit_code(self, eid: str) -> int | None:
         import docker

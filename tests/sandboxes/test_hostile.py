@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import os
 import secrets
 import signal
@@ -322,3 +321,29 @@ async def test_read_file_and_download_are_bounded_and_stream(busybox_spec, tmp_p
         with pytest.raises(FileTooLarge):
             await sb.download_file("big", tmp_path / "big2", max_bytes=1 << 20)
         assert not (tmp_path / "big2").exists()  # no partial file left behind
+
+
+async def test_docker_reaper_is_host_side_here_and_the_fallback_still_works(monkeypatch, tmp_path):
+    """As root next to the engine the driver kills exec groups itself; without that (remote engine, non-root) the
+    in-container watchdog still gives timeouts, leftovers-killing, files and reset (weaker: a command can kill it)."""
+    require_backend("docker", BUSYBOX)
+    spec = SandboxSpec(backend="docker", image=BUSYBOX, ttl_s=120)
+    if os.geteuid() == 0:
+        async with create_sandbox(spec) as sb:
+            assert sb.reaper == "host-cgroup"
+    monkeypatch.setenv("AGENTRL_DOCKER_REAPER", "in-sandbox")
+    async with create_sandbox(spec) as sb:
+        assert sb.reaper == "in-sandbox"
+        assert (await sb.exec("id -u; echo $0", timeout=20)).output.split()[0] == "1000"
+        res = await sb.exec("sleep 1041 & echo bg; sleep 1042", timeout=1.5)
+        assert res.timed_out and res.output == "bg\n"
+        assert not await leftovers(sb, "sleep 104")
+        await sb.write_file("d/f.txt", "hello")
+        assert await sb.read_file("d/f.txt", max_bytes=5) == b"hello"
+        with pytest.raises(FileTooLarge):
+            await sb.read_file("d/f.txt", max_bytes=4)
+        await sb.download("d", tmp_path / "d")
+        assert (tmp_path / "d" / "f.txt").read_text() == "hello"
+        await sb.exec("echo x > /dev/shm/s", timeout=20)
+        await sb.reset()
+        assert (await sb.exec("ls -A /workspace /dev/shm", timeout=20)).output.split() == ["/dev/shm:", "/workspace:"]

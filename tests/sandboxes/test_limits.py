@@ -92,7 +92,7 @@ async def test_writes_outside_workdir_fail(busybox_spec):
 async def test_fork_bomb_is_stopped_by_pid_limit(busybox_spec):
     spec = replace(busybox_spec, pids=64)
     async with create_sandbox(spec) as bomb, create_sandbox(busybox_spec) as neighbour:
-        bomb_task = asyncio.create_task(bomb.exec("b() { b | b & }; b; exec sleep 8", timeout=5))
+        bomb_task = asyncio.create_task(bomb.exec("(b() { b | b & }; b); exec sleep 8", timeout=5))
         await asyncio.sleep(2)
         # while the bomb holds every pid it may: the neighbour and the host carry on
         t0 = time.monotonic()
