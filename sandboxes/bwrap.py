@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import errno
 import os
 import secrets
 import shutil
@@ -96,23 +97,20 @@ def mount_tmpfs(target: Path, size_mb: int, mode: int, uid: int) -> None:
         raise OSError(e, f"mount tmpfs on {target}: {os.strerror(e)}")
 
 
-def _mounted(path: Path) -> bool:
-    try:
-        text = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return False
-    p = str(path)
-    return any(line.split()[4] == p for line in text.splitlines())
+def _umount(path: Path) -> None:
+    """Detach the mount on ``path`` (lazily: a process still in it cannot keep it); nothing mounted there is fine.
+    Raises OSError otherwise."""
+    if _libc.umount2(str(path).encode(), MNT_DETACH) != 0:
+        e = ctypes.get_errno()
+        if e not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not a mount point
+            raise OSError(e, f"umount {path}: {os.strerror(e)}")
 
 
 def release_state(state_dir: Path) -> None:
-    """Unmount a sandbox's tmpfs mounts (lazily: a process still in them cannot keep them) and remove its state
-    dir. Raises OSError when a mount cannot be removed (then nothing is deleted through it)."""
+    """Unmount a sandbox's tmpfs mounts and remove its state dir. Raises OSError when a mount cannot be removed
+    (then nothing is deleted through it)."""
     for sub in ("work", "tmp"):
-        d = state_dir / sub
-        if _mounted(d) and _libc.umount2(str(d).encode(), MNT_DETACH) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"umount {d}: {os.strerror(e)}")
+        _umount(state_dir / sub)
     shutil.rmtree(state_dir, ignore_errors=True)
     try:
         state_dir.parent.rmdir()  # the run's dir, once its last sandbox is gone
@@ -490,9 +488,10 @@ class BwrapSandbox(Sandbox):
 def release_state_mounts(state_dir: Path) -> None:
     """Unmount whatever of a state dir's tmpfs mounts got mounted (a failed create)."""
     for sub in ("work", "tmp"):
-        d = state_dir / sub
-        if _mounted(d):
-            _libc.umount2(str(d).encode(), MNT_DETACH)
+        try:
+            _umount(state_dir / sub)
+        except OSError:
+            pass
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:

@@ -225,14 +225,11 @@ class DockerSandbox(Sandbox):
         uid, gid = spec.uid_gid()
         # tools like git refuse a work dir owned by another user
         tmpfs_opts = f"rw,exec,nosuid,nodev,mode=1777,uid={uid},gid={gid}"
-        volumes = {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts}
+        binds = {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts}
+        api = client.api
+        # The low-level calls (create, start, inspect) rather than containers.run, which inspects before start too.
         try:
-            container = client.containers.run(
-                spec.image,
-                command=["sleep", str(ttl)],
-                entrypoint=[""],  # reset the image's entrypoint: it must not wrap the TTL process
-                name=self.name,
-                detach=True,
+            host_config = api.create_host_config(
                 init=True,
                 auto_remove=True,
                 network_mode="bridge" if spec.network else "none",
@@ -247,13 +244,21 @@ class DockerSandbox(Sandbox):
                 },
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
+                binds=binds or None,
+            )
+            cid = api.create_container(
+                spec.image,
+                command=["sleep", str(ttl)],
+                entrypoint=[""],  # reset the image's entrypoint: it must not wrap the TTL process
+                name=self.name,
+                detach=True,
                 user=f"{TTL_UID}:{TTL_UID}",
                 working_dir=spec.workdir,
                 environment={"HOME": "/tmp", **spec.env},
                 labels=labels,
-                volumes=volumes or None,
-                stdin_open=False,
-            )
+                volumes=[m.target for m in spec.mounts] or None,
+                host_config=host_config,
+            )["Id"]
         except docker.errors.ImageNotFound as e:
             raise SandboxError(
                 f"image {spec.image!r} not found ({e.explanation}); build it with "
@@ -262,15 +267,20 @@ class DockerSandbox(Sandbox):
             ) from e
         except Exception as e:
             raise SandboxError(f"container create failed: {e}", sandbox_id=self.id, transient=_is_transient(e)) from e
-        self.container_id = container.id
+        try:
+            api.start(cid)
+            self.init_pid = int(api.inspect_container(cid)["State"].get("Pid") or 0)
+        except Exception as e:
+            try:  # auto_remove only removes a container that ran
+                api.remove_container(cid, force=True)
+            except Exception:
+                pass
+            raise SandboxError(f"container start failed: {e}", sandbox_id=self.id, transient=_is_transient(e)) from e
+        self.container_id = cid
         self.started_at = time.time()
         self.expires_at = now + ttl
         register_live(self)
-        try:
-            self.init_pid = int(client.api.inspect_container(container.id)["State"].get("Pid") or 0)
-        except Exception:
-            self.init_pid = 0
-        self.groups = ContainerGroups.find(self.init_pid, container.id)
+        self.groups = ContainerGroups.find(self.init_pid, cid)
         self.reaper = "host-cgroup" if self.groups is not None else "in-sandbox"
         if self.groups is None:
             _warn_fallback()
