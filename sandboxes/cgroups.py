@@ -229,7 +229,7 @@ class ContainerGroups:
             if time.monotonic() >= deadline or stop():
                 return None
             time.sleep(wait)
-            wait = min(wait * 1.5, 0.02)
+            wait = min(wait * 1.5, 0.005)
 
     def new_group(self, pid: int) -> Path:
         """A fresh child group holding ``pid``. Raises OSError."""

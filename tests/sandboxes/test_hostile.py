@@ -347,3 +347,29 @@ async def test_docker_reaper_is_host_side_here_and_the_fallback_still_works(monk
         await sb.exec("echo x > /dev/shm/s", timeout=20)
         await sb.reset()
         assert (await sb.exec("ls -A /workspace /dev/shm", timeout=20)).output.split() == ["/dev/shm:", "/workspace:"]
+
+
+async def test_docker_exec_groups_in_the_v1_freezer(monkeypatch):
+    """Hosts without a cgroup2 hierarchy use the v1 freezer (freeze, kill, thaw) for exec groups: the same escapes
+    are contained."""
+    require_backend("docker", BUSYBOX)
+    if os.geteuid() != 0:
+        pytest.skip("exec groups need root")
+    from agentrl.sandboxes import cgroups
+
+    real = cgroups._mounts
+    monkeypatch.setattr(cgroups, "_mounts", lambda: [m for m in real() if m[2] != "cgroup2"])
+    spec = SandboxSpec(backend="docker", image=BUSYBOX, ttl_s=120)
+    async with create_sandbox(spec) as sb:
+        if sb.groups is None:
+            pytest.skip("no v1 freezer hierarchy on this host")
+        assert sb.groups.mode == "v1-freezer"
+        res = await sb.exec("setsid env -i sleep 1051 </dev/null >/dev/null 2>&1 & echo started", timeout=20)
+        assert res.ok and res.output == "started\n"
+        t0 = time.monotonic()
+        res = await sb.exec("(b() { b | b & }; b) 2>/dev/null; setsid env -i sleep 1052 </dev/null >/dev/null 2>&1 & "
+                            "exec sleep 1053", timeout=2)
+        assert res.timed_out and time.monotonic() - t0 < 8, res
+        await asyncio.sleep(0.3)
+        assert not await leftovers(sb, "sleep 105")
+        assert not sb.groups.groups()  # every exec group was removed
