@@ -492,9 +492,10 @@ class DockerSandbox(Sandbox):
             else:
                 sink(data)
         code = self._exit_code(eid)
-        if code is None:
+        if code is None or not os.path.exists(f"/proc/{self.init_pid}"):  # a container going away
             reason = self._dead_soon()
-            raise SandboxError(reason or f"exec failed to start: {bytes(err)[-500:]!r}", sandbox_id=self.id)
+            if reason or code is None:
+                raise SandboxError(reason or f"exec failed to start: {bytes(err)[-500:]!r}", sandbox_id=self.id)
         return code, bytes(err), False
 
     def _exit_code(self, eid: str) -> int | None:
