@@ -6,7 +6,8 @@ dead and stuck workers are replaced, and the driver process still exits.
 The run happens in a child process (the driver), in two phases:
 
 - local (``workers: 0``, envs in the driver): sync envs (``SyncSleepEnv``), sync envs that hang forever in
-  ``step`` (``SyncHangEnv``: their threads are abandoned), async envs that raise, return garbage or hang.
+  ``step`` (``SyncHangEnv``: their threads are abandoned; more of them than the ``--sync-threads`` 8 pool threads),
+  async envs that raise, return garbage or hang.
 - Ray (``workers: 2``): async envs with the same faults; one env blocks its worker's event loop forever
   (``StuckLoopEnv``: found by the heartbeat, the worker is killed and replaced), and the other worker is SIGKILLed
   once 100 steps ran (replaced). Their episodes are rescheduled.
@@ -89,7 +90,7 @@ async def run_phase(name: str, specs, cfg, kill_after_steps: int | None = None) 
                 while m.metrics()["env_steps"] < kill_after_steps:
                     await asyncio.sleep(0.02)
                 victim = m.workers[-1]
-                os.kill(await victim.actor.pid.remote(), 9)
+                os.kill(await victim.actor.__ray_call__.remote(lambda _self: os.getpid()), 9)
 
             killer = asyncio.ensure_future(kill_one())
         async for i, traj in m.stream_episodes([s for _, s in specs]):
@@ -130,6 +131,7 @@ async def driver(args) -> None:
     RayWorker.heartbeat_timeout_s = args.heartbeat_timeout
     phases = []
     if args.local:
+        core.set_sync_env_threads(args.sync_threads)  # fewer threads than hung calls: the pool must recover
         cfg = ManagerConfig(workers=0, max_concurrency=64, step_timeout_s=1.0, reset_timeout_s=5.0,
                             max_failures_per_group=0)
         phases.append(await run_phase("local (envs in the driver)", local_specs(args.local, rng), cfg))
@@ -143,7 +145,9 @@ async def driver(args) -> None:
         phases.append(await run_phase("Ray, 2 workers (1 stuck, 1 SIGKILLed)", ray_specs(args.ray, rng, once), cfg,
                                       kill_after_steps=100))
         ray.shutdown()
-    print("RESULT " + json.dumps({"phases": phases, "hung_sync_calls": core.sync_pool_stats()["hung"]}), flush=True)
+    stats = getattr(core, "sync_pool_stats", None)  # None on trees before the daemon sync pool (for A/B runs)
+    print("RESULT " + json.dumps({"phases": phases, "hung_sync_calls": stats()["hung"] if stats else None}),
+          flush=True)
 
 
 def main() -> None:
@@ -152,6 +156,7 @@ def main() -> None:
     ap.add_argument("--ray", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--heartbeat-timeout", type=float, default=5.0)
+    ap.add_argument("--sync-threads", type=int, default=8, help="sync env threads of the local phase")
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.driver:
@@ -159,7 +164,7 @@ def main() -> None:
         return
     load0 = open("/proc/loadavg").read().split()[:3]
     cmd = [sys.executable, __file__, "--driver", "--local", str(args.local), "--ray", str(args.ray), "--seed",
-           str(args.seed), "--heartbeat-timeout", str(args.heartbeat_timeout)]
+           str(args.seed), "--heartbeat-timeout", str(args.heartbeat_timeout), "--sync-threads", str(args.sync_threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     result = None
     for line in proc.stdout:
