@@ -272,6 +272,10 @@ class ContainerGroups:
         self.kill(group)
         _rmdir(group)
 
+    def procs(self, group: Path) -> list[int]:
+        """Host pids of the processes in ``group``."""
+        return _procs(group)
+
     def groups(self) -> list[Path]:
         try:
             return [d for d in self.path.iterdir() if d.is_dir() and d.name.startswith("agentrl-x-")]

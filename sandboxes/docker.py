@@ -404,10 +404,10 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"exec failed: {e}", sandbox_id=self.id, transient=_is_transient(e)) from e
         stream = _Stream(sock)
         group: Path | None = None
+        pid = 0
         err = bytearray()
         timed_out = False
         code: int | None = None
-        ended: float | None = None  # when the command ended (reported, or killed at its timeout)
         t0 = time.monotonic()
         # The fallback's own watchdog ends the command; the driver waits a grace period longer.
         deadline = t0 + timeout + (EXEC_GRACE_S if groups is None else 0.0)
@@ -432,28 +432,32 @@ class DockerSandbox(Sandbox):
                 if payload:
                     stream.sock.sendall(payload)
                 stream.sock.shutdown(socket.SHUT_WR)  # EOF for the command's stdin
+            # kill_at: when the driver kills the exec's group: at the timeout, or once the command reported its end
+            # (at once when something it started is still there, else only if the wrapper has not exited by then).
+            kill_at, killed_at = deadline, None
             while not stream.eof:
                 now = time.monotonic()
-                if ended is None and now >= deadline:
-                    if group is None:
+                if killed_at is None and now >= kill_at:
+                    if group is None:  # the fallback: its watchdog did not end the command
                         reason = self._dead_reason()
                         raise SandboxError(reason or f"exec stream still open {now - t0:.0f}s after start",
                                            sandbox_id=self.id)
                     groups.kill(group)  # type: ignore[union-attr]
-                    timed_out, ended = True, now
-                if ended is not None and now >= ended + EXEC_GRACE_S:
+                    killed_at = now
+                    timed_out = code is None
+                if killed_at is not None and now >= killed_at + EXEC_GRACE_S:
                     raise SandboxError(f"exec stream still open {EXEC_GRACE_S:.0f}s after its group was killed",
                                        sandbox_id=self.id)
-                stream.read(deadline if ended is None else ended + EXEC_GRACE_S)
+                stream.read(kill_at if killed_at is None else killed_at + EXEC_GRACE_S)
                 for stream_id, data in stream.frames():
                     if stream_id == 2:
                         if len(err) < 65536:
                             err += data
                         if code is None:
                             code = done_code(bytes(err))
-                            if code is not None and group is not None and ended is None:
-                                groups.kill(group)  # type: ignore[union-attr]
-                                ended = time.monotonic()
+                            if code is not None and group is not None and killed_at is None:
+                                others = [p for p in groups.procs(group) if p != pid]  # type: ignore[union-attr]
+                                kill_at = time.monotonic() + (0.0 if others else 1.0)
                     else:
                         sink(data)
         except OSError as e:
