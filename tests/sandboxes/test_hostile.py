@@ -77,7 +77,7 @@ async def test_killing_the_reaper_does_not_disable_the_timeout(busybox_spec):
         # ended by the timeout, or as killed once its wrapper died (bwrap: the PID namespace goes with it; docker:
         # the engine may close the stream of an exec whose main process is gone)
         assert (res.timed_out and res.exit_code == 124) or res.exit_code == 137, res
-        assert "planted" in res.output
+        assert "planted" in res.output or not res.timed_out  # bwrap: the wrapper's death may end all at once
         assert elapsed < 2 + 6, elapsed  # the timeout, not a grace period of the driver
         await asyncio.sleep(0.3)
         assert not await leftovers(sb, "sleep 103"), await leftovers(sb, "sleep 103")
@@ -292,7 +292,7 @@ class _PeakRSS:
 
 
 async def test_read_file_and_download_are_bounded_and_stream(busybox_spec, tmp_path):
-    size = 200 << 20
+    size = 96 << 20
     async with create_sandbox(busybox_spec) as sb:
         await sb.exec(f"truncate -s {size} big && mkdir d && truncate -s {size} d/big && echo hi > small", timeout=30)
         with pytest.raises(FileTooLarge) as err:
@@ -301,7 +301,7 @@ async def test_read_file_and_download_are_bounded_and_stream(busybox_spec, tmp_p
         assert "/workspace/big" in msg and str(size) in msg and "max_bytes" in msg, msg
         assert err.value.path == "/workspace/big" and err.value.size == size
         with pytest.raises(FileTooLarge):
-            await sb.read_file("big")  # the default bound is far below 200 MiB
+            await sb.read_file("big")  # the default bound (64 MiB) is below 96 MiB
         with pytest.raises(FileTooLarge):
             await sb.read_file("/dev/zero", max_bytes=4096)  # no size to stat, no end
         assert await sb.read_file("small", max_bytes=3) == b"hi\n"
@@ -314,7 +314,7 @@ async def test_read_file_and_download_are_bounded_and_stream(busybox_spec, tmp_p
             await sb.download("d", tmp_path / "d")
         assert n == size and (tmp_path / "big").stat().st_size == size
         assert (tmp_path / "d" / "big").stat().st_size == size
-        assert rss.peak - rss.base < 64 << 20, f"downloads buffered: peak RSS +{(rss.peak - rss.base) >> 20} MiB"
+        assert rss.peak - rss.base < 40 << 20, f"downloads buffered: peak RSS +{(rss.peak - rss.base) >> 20} MiB"
         with pytest.raises(FileTooLarge) as err:
             await sb.download("d", tmp_path / "d2", max_bytes=1 << 20)
         assert "/workspace/d" in str(err.value)
@@ -367,8 +367,9 @@ async def test_docker_exec_groups_in_the_v1_freezer(monkeypatch):
         res = await sb.exec("setsid env -i sleep 1051 </dev/null >/dev/null 2>&1 & echo started", timeout=20)
         assert res.ok and res.output == "started\n"
         t0 = time.monotonic()
-        res = await sb.exec("(b() { b | b & }; b) 2>/dev/null; setsid env -i sleep 1052 </dev/null >/dev/null 2>&1 & "
-                            "exec sleep 1053", timeout=2)
+        # a tree that keeps forking until the pid limit while it is frozen and killed
+        res = await sb.exec("setsid env -i sleep 1052 </dev/null >/dev/null 2>&1 & "
+                            "(while :; do sleep 1053 & done) 2>/dev/null & exec sleep 1054", timeout=2)
         assert res.timed_out and time.monotonic() - t0 < 8, res
         await asyncio.sleep(0.3)
         assert not await leftovers(sb, "sleep 105")
