@@ -474,11 +474,12 @@ class DockerSandbox(Sandbox):
             # itself, or a container that died under us (its init is gone at once; the engine may take a moment).
             if groups is None and plain:
                 code = self._exit_code(eid)
-            elif groups is not None and os.path.exists(f"/proc/{self.init_pid}"):
+            elif groups is not None and self._init_alive():
                 code = self._exit_code(eid)
             if code is None:
                 reason = self._dead_soon()
-                if reason:
+                if reason or (groups is not None and not self._init_alive()):
+                    reason = reason or "its container's init died"
                     raise SandboxError(f"{reason} (during exec)", sandbox_id=self.id)
                 code = self._exit_code(eid)
             if code is None:
@@ -496,11 +497,21 @@ class DockerSandbox(Sandbox):
             else:
                 sink(data)
         code = self._exit_code(eid)
-        if code is None or not os.path.exists(f"/proc/{self.init_pid}"):  # a container going away
+        if code is None or not self._init_alive():  # a container going away
             reason = self._dead_soon()
-            if reason or code is None:
-                raise SandboxError(reason or f"exec failed to start: {bytes(err)[-500:]!r}", sandbox_id=self.id)
+            raise SandboxError(reason or f"exec failed to start: {bytes(err)[-500:]!r}", sandbox_id=self.id)
         return code, bytes(err), False
+
+    def _init_alive(self) -> bool:
+        """Whether the container's init (seen from the host) runs and is not exiting: the first sign of a killed
+        container, before the engine shows it (host-cgroup mode only)."""
+        try:
+            stat = Path(f"/proc/{self.init_pid}/stat").read_text()
+        except OSError:
+            return False
+        fields = stat[stat.rindex(")") + 2:].split()
+        state, flags = fields[0], int(fields[6])
+        return state not in ("Z", "X", "x") and not flags & 0x4  # PF_EXITING
 
     def _exit_code(self, eid: str) -> int | None:
         import docker
