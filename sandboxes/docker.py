@@ -17,22 +17,19 @@ timeout, which the sandbox user could kill; a warning says so once.
 
 Files move as tar/cat streams over an exec's stdin/stdout (``put_archive`` cannot write into a tmpfs of a read-only
 container). docker-py blocks, so every engine call runs in the sandbox thread pool. ``DOCKER_HOST`` etc. are honoured
-(``docker.from_env``).
+(``docker.from_env``; the client and the exec stream reader live in docker_engine.py).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import shlex
 import socket
-import struct
 import subprocess
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .base import (
     LABEL_DRIVER,
@@ -53,126 +50,18 @@ from .base import (
     to_thread,
     unregister_live,
 )
-from .wrappers import STATUS_TIMEOUT, TIMEOUT_EXIT, check_timeout, done_code, watchdog_command, wrap_command
 from .cgroups import ContainerGroups
+from .docker_engine import _is_transient, _Stream, docker_available, docker_client  # noqa: F401 (re-exported)
+from .wrappers import STATUS_TIMEOUT, TIMEOUT_EXIT, check_timeout, done_code, watchdog_command, wrap_command
 
 log = logging.getLogger("agentrl.sandboxes")
 
-_CLIENT = None
-_CLIENT_LOCK = threading.Lock()
 # Slack after a timeout (or the command's end) for the exec's stream to close once its group was killed.
 EXEC_GRACE_S = 15.0
 # How long a new exec may take to show up in the container (runc exec on a loaded engine).
 EXEC_START_S = 60.0
 _IMAGES_SEEN: set[str] = set()
 _WARNED_FALLBACK = False
-
-
-def docker_client():
-    """The process-wide docker-py client (``docker.from_env``, so DOCKER_HOST/DOCKER_TLS_VERIFY apply)."""
-    global _CLIENT
-    with _CLIENT_LOCK:
-        if _CLIENT is None:
-            import docker
-
-            _CLIENT = docker.from_env(timeout=120, max_pool_size=int(os.environ.get("AGENTRL_DOCKER_POOL", "256")))
-        return _CLIENT
-
-
-def docker_available() -> tuple[bool, str]:
-    """(True, version) when an engine answers, else (False, reason)."""
-    try:
-        return True, docker_client().version().get("Version", "?")
-    except Exception as e:  # any failure means "not usable here"
-        return False, f"{type(e).__name__}: {e}"
-
-
-def _is_transient(e: Exception) -> bool:
-    import docker
-    import requests
-
-    if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
-        return True
-    if isinstance(e, docker.errors.APIError) and not isinstance(e, docker.errors.NotFound):
-        code = getattr(e.response, "status_code", None) or 0
-        return code >= 500 or code == 429
-    return False
-
-
-class _Stream:
-    """Reader of docker's multiplexed exec stream (8-byte frame headers: stream id, 3 zero bytes, size BE32)."""
-
-    def __init__(self, sock: Any):
-        # unix/tcp: a SocketIO around a socket; other transports (ssh) give a file-like object
-        self.sock = getattr(sock, "_sock", sock)
-        self._recv = getattr(self.sock, "recv", None) or self.sock.read
-        self.buf = bytearray()
-        self.eof = False
-
-    def ready(self) -> bool:
-        """Whether anything (data or the end) has arrived, without waiting."""
-        if self.buf or self.eof:
-            return True
-        if not hasattr(self.sock, "setblocking"):
-            return False
-        self.sock.setblocking(False)
-        try:
-            chunk = self._recv(65536)
-        except (BlockingIOError, InterruptedError, socket.timeout):
-            return False
-        finally:
-            self.sock.setblocking(True)
-        if not chunk:
-            self.eof = True
-        self.buf += chunk
-        return True
-
-    def read(self, until: float) -> None:
-        """Reads what arrives before monotonic time ``until`` (at least one chunk unless the time is up); sets
-        ``eof`` when the stream ended."""
-        while not self.eof:
-            left = until - time.monotonic()
-            if left <= 0:
-                return
-            if hasattr(self.sock, "settimeout"):
-                self.sock.settimeout(min(left, 5.0))
-            try:
-                chunk = self._recv(65536)
-            except socket.timeout:
-                continue
-            if not chunk:
-                self.eof = True
-                return
-            self.buf += chunk
-            return
-
-    def frames(self):
-        """The complete frames received so far."""
-        while len(self.buf) >= 8:
-            (size,) = struct.unpack(">I", bytes(self.buf[4:8]))
-            if len(self.buf) < 8 + size:
-                return
-            stream_id = self.buf[0]
-            data = bytes(self.buf[8 : 8 + size])
-            del self.buf[: 8 + size]
-            yield stream_id, data
-
-    def close(self) -> None:
-        # The socket docker-py hands out still has SocketIO references held by its HTTP response, so close()
-        # only marks it closed and the fd stays open until garbage collection (a ResourceWarning per exec).
-        # Detaching and closing the fd releases it now.
-        sock = self.sock
-        if isinstance(sock, socket.socket):
-            try:
-                if sock.fileno() != -1:
-                    os.close(sock.detach())
-            except OSError:
-                pass
-        else:
-            try:
-                sock.close()
-            except OSError:
-                pass
 
 
 class DockerSandbox(Sandbox):
