@@ -19,6 +19,8 @@ command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v docker-init >/dev/null 2>&1 || need+=(tini)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+dpkg -s libseccomp2 >/dev/null 2>&1 || need+=(libseccomp2)
 # Headless Chromium for the viewer's browser tests (tests/viewer/test_browser.py).
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ "${#need[@]}" -gt 0 ]; then

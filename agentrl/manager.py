@@ -487,9 +487,11 @@ class EnvManager:
                 options.setdefault("task", spec.task)
             opened = True
             t = time.perf_counter()
-            new, info = await worker.open(ep.id, spec.env_id, spec.env_kwargs, spec.seed, options or None,
-                                          _timeout_left(cfg.reset_timeout_s, deadline))
-            env_s += time.perf_counter() - t
+            try:  # a failed or timed-out call's time is env time too
+                new, info = await worker.open(ep.id, spec.env_id, spec.env_kwargs, spec.seed, options or None,
+                                              _timeout_left(cfg.reset_timeout_s, deadline))
+            finally:
+                env_s += time.perf_counter() - t
             traj.messages.extend(new)
             traj.info = info
             if "tools" in info:  # the env's tool schemas, for policies that render them (before the first act)
@@ -514,10 +516,12 @@ class EnvManager:
                     break
                 traj.messages.append({"role": "assistant", "content": action.text})
                 t = time.perf_counter()
-                new, reward, terminated, truncated, info = await worker.step(
-                    ep.id, action.text, _timeout_left(cfg.step_timeout_s, deadline))
-                dt = time.perf_counter() - t
-                env_s += dt
+                try:
+                    new, reward, terminated, truncated, info = await worker.step(
+                        ep.id, action.text, _timeout_left(cfg.step_timeout_s, deadline))
+                finally:
+                    dt = time.perf_counter() - t
+                    env_s += dt
                 self._lat.append(dt)
                 self.counts["env_steps"] += 1
                 traj.rewards.append(reward)
