@@ -23,7 +23,6 @@ weights after the call are "version v" for the engine. ``optimizer_steps`` count
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -45,9 +44,9 @@ from agentrl.trainer.batching import MicroBatch, Seq, collate, mini_batches, pad
 from agentrl.trainer.batching import scoring_sequences, split_micro
 from agentrl.trainer.checkpoint import find_latest_checkpoint  # noqa: F401  (public API, re-exported)
 from agentrl.trainer.config import TrainerConfig
-from agentrl.trainer.logprobs import chunked_entropy, full_logprobs, liger_available, liger_logprobs
-from agentrl.trainer.logprobs import liger_runnable, torch_logprobs
 from agentrl.trainer.losses import Metrics, policy_loss
+from agentrl.trainer.model import choose_logprob_impl, configure_layers, has_active_dropout, load_causal_lm
+from agentrl.trainer.model import micro_batch_logprobs
 from agentrl.trainer.step import LocalReducer, RecordSampler, Reducer, StepSums, add_batch_stats
 from agentrl.trainer.step import finish_batch_stats
 from agentrl.trajectory import Group, Trajectory
@@ -100,8 +99,6 @@ class Trainer:
     """
 
     def __init__(self, config: TrainerConfig, model_path: str | os.PathLike) -> None:
-        from transformers import AutoModelForCausalLM
-
         if isinstance(config, dict):
             config = from_dict(TrainerConfig, config, "trainer config")
         config.validate()
@@ -133,27 +130,17 @@ class Trainer:
 
         # Master weights are float32 whatever config.dtype says: bf16 parameters under AdamW at small learning
         # rates lose most updates to rounding (issue 12: 1.9 % of weights changed after 10 steps at lr 1e-6).
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=torch.float32)
-        self.model.to(self.device)
-        self.model.config.use_cache = False
-        if config.disable_dropout:
-            self._disable_dropout(self.model)
-        self._has_dropout = any(
-            (isinstance(m, torch.nn.Dropout) and m.p > 0)
-            or (isinstance(getattr(m, "attention_dropout", None), float) and m.attention_dropout > 0)
-            for m in self.model.modules()
-        )
+        self.model = load_causal_lm(self.model_path, dtype=torch.float32, device=self.device,
+                                    disable_dropout=config.disable_dropout)
+        self._has_dropout = has_active_dropout(self.model)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self._impl = self._choose_logprob_impl()
-        self._configure_layers()
-
+        self._impl = choose_logprob_impl(config, self.model, self.vocab_size, self.device)
+        configure_layers(self.model, config)
         self.ref_model = None
         if config.loss.kl_coef > 0:
             # Frozen: no optimizer steps it, so it is stored in the compute dtype.
-            self.ref_model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=self._compute_dtype)
-            self.ref_model.to(self.device).eval()
-            self.ref_model.config.use_cache = False
-            self._disable_dropout(self.ref_model)
+            self.ref_model = load_causal_lm(self.model_path, dtype=self._compute_dtype, device=self.device,
+                                            disable_dropout=True).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
 
@@ -191,89 +178,8 @@ class Trainer:
         return self._stream is not None
 
     # ----------------------------------------------------------------------------------------------- setup
-    @staticmethod
-    def _disable_dropout(model: torch.nn.Module) -> None:
-        # Dropout would make the proximal (no-grad) and training forward passes disagree for identical weights.
-        for m in model.modules():
-            if isinstance(m, torch.nn.Dropout):
-                m.p = 0.0
-            if hasattr(m, "attention_dropout") and isinstance(m.attention_dropout, float):
-                m.attention_dropout = 0.0
-
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
-
-    @staticmethod
-    def _decoder(model: torch.nn.Module) -> torch.nn.Module:
-        return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
-
-    def _head_is_plain_linear(self) -> bool:
-        """True when the model's logits are exactly ``last_hidden_state @ output_embeddings.weight.T`` (checked
-        on a few tokens), so the chunked paths may compute them from the hidden states."""
-        head = self.model.get_output_embeddings()
-        if not isinstance(head, torch.nn.Linear) or head.bias is not None:
-            return False
-        ids = (torch.arange(8, device=self.device) * 7919 % self.vocab_size)[None]
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                logits = self.model(input_ids=ids, use_cache=False).logits.float()
-                hidden = self._decoder(self.model)(input_ids=ids, use_cache=False).last_hidden_state
-                mine = (hidden @ head.weight.t()).float()
-        except Exception as e:  # an architecture whose decoder cannot be called alone
-            log.warning("log-probs: cannot compute logits from hidden states (%s); using the full-logits path", e)
-            return False
-        finally:
-            self.model.train(was_training)
-        return bool(torch.allclose(mine, logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()) + 1e-6))
-
-    def _choose_logprob_impl(self) -> str:
-        cfg = self.config
-        want = cfg.logprob_impl
-        if want == "full":
-            return "full"
-        if not self._head_is_plain_linear():
-            if want in ("torch", "liger"):
-                raise ValueError(f"logprob_impl: {want} needs an LM head that is a plain linear map of the last "
-                                 "hidden states; this model's is not (softcapping, a logit scale or a bias): use "
-                                 "logprob_impl: full or auto")
-            log.warning("log-probs: this model's LM head is not a plain linear map; using the full-logits path")
-            return "full"
-        if want == "liger":
-            if cfg.loss.entropy_coef > 0:
-                raise ValueError("logprob_impl: liger computes no entropy gradient, which loss.entropy_coef > 0 "
-                                 "needs: use logprob_impl: torch or auto")
-            if not liger_runnable(self.device):
-                raise ValueError("logprob_impl: liger needs the liger-kernel package and a CUDA device (or "
-                                 "TRITON_INTERPRET=1 for Triton's CPU interpreter): install liger-kernel or use "
-                                 "logprob_impl: torch")
-            return "liger"
-        if want == "auto" and self.device.type == "cuda" and cfg.loss.entropy_coef == 0 and liger_available():
-            return "liger"
-        return "torch"
-
-    def _configure_layers(self) -> None:
-        cfg = self.config
-        layers = getattr(self._decoder(self.model), "layers", None)
-        if (cfg.compile_layers or (cfg.gradient_checkpointing and cfg.checkpoint_every > 1)) and layers is None:
-            raise ValueError("compile_layers / checkpoint_every > 1 need a decoder with a `layers` list; this model "
-                             "has none")
-        if cfg.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if cfg.checkpoint_every > 1:
-                for i, layer in enumerate(layers):
-                    layer.gradient_checkpointing = i % cfg.checkpoint_every == 0
-        if cfg.compile_layers:
-            # Per layer, not the whole model: one compiled graph serves every layer, and lengths vary per
-            # micro-batch (dynamic shapes after the first recompile).
-            for layer in layers:
-                layer.compile()
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self._compute_dtype == torch.bfloat16:
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     def _lr(self) -> float:
         """The learning rate the next optimizer step uses."""
@@ -286,33 +192,9 @@ class Trainer:
     def _forward(self, model: torch.nn.Module, mb: MicroBatch, *, entropy: bool,
                  entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
         """Returns ``logp: [b, T]`` of the targets (float32, at ``config.temperature``) and, if asked,
-        ``entropy: [b, T]`` of the next-token distribution (with gradient only if ``entropy_grad``)."""
-        temp = self.config.temperature
-        with self._autocast():
-            if self._impl == "full":
-                logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits
-                flat = logits.reshape(-1, logits.shape[-1]).index_select(0, mb.src)
-                del logits
-                lp, ent = full_logprobs(flat, mb.targets, temperature=temp, want_entropy=entropy,
-                                        entropy_grad=entropy_grad)
-            else:
-                hidden = self._decoder(model)(input_ids=mb.input_ids, position_ids=mb.position_ids,
-                                              use_cache=False).last_hidden_state
-                h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.src)
-                del hidden
-                w = model.get_output_embeddings().weight
-                dt = self._compute_dtype if model is self.model else w.dtype
-                if self._impl == "torch":
-                    lp, ent = torch_logprobs(h, w, mb.targets, temperature=temp, compute_dtype=dt,
-                                             want_entropy=entropy, entropy_grad=entropy_grad)
-                else:
-                    lp = liger_logprobs(h, w, mb.targets, temperature=temp)
-                    ent = None
-                    if entropy:  # a metric only (entropy_coef > 0 never takes this path): loss positions only
-                        sel = mb.mask[mb.rows, mb.cols] > 0
-                        ent = torch.zeros_like(lp)
-                        ent[sel] = chunked_entropy(h.detach()[sel], w, temperature=temp, compute_dtype=dt)
-        return mb.scatter(lp), (None if ent is None else mb.scatter(ent))
+        ``entropy: [b, T]`` (with gradient only if ``entropy_grad``)."""
+        return micro_batch_logprobs(model, mb, impl=self._impl, compute_dtype=self._compute_dtype,
+                                    temperature=self.config.temperature, entropy=entropy, entropy_grad=entropy_grad)
 
     def _micro_batches(self, seqs: list[Seq]) -> list[list[Seq]]:
         cfg = self.config
