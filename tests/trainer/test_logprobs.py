@@ -226,3 +226,22 @@ def test_fp32_master_weights_move_under_bf16_compute_at_a_small_lr(tiny_model_di
     assert changed / total > 0.9, changed / total
     # what the engine gets is the compute precision
     assert tr.state_dict_for_inference()["model.norm.weight"].dtype == torch.bfloat16
+
+
+def test_compiled_layers_with_checkpointing_give_the_same_logprobs_and_gradients(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dynamo traces each decoder layer; the "eager" backend skips Inductor's code generation, which is slow on a
+    # CPU and not what this checks (the wiring: per-layer compile under HF's checkpointing wrapper).
+    orig = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: orig(self, *a, **{**k, "backend": "eager"}))
+    trajs = _trajs([6, 9, 4])
+    adv = [1.0, -0.5, 0.3]
+    plain = Trainer(TrainerConfig(device="cpu", max_grad_norm=None), tiny_model_dir)
+    lp0, g0 = plain.compute_logprobs(trajs), _grads_after_step(plain, trajs, adv)
+    tr = Trainer(TrainerConfig(device="cpu", max_grad_norm=None, compile_layers=True, gradient_checkpointing=True),
+                 tiny_model_dir)
+    assert all(layer._compiled_call_impl is not None for layer in tr.model.model.layers)
+    assert torch.allclose(tr.compute_logprobs(trajs), lp0, atol=1e-6)
+    g1 = _grads_after_step(tr, trajs, adv)
+    for k in g0:
+        assert torch.allclose(g1[k], g0[k], atol=1e-6), k

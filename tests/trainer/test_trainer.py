@@ -426,3 +426,16 @@ def test_lr_metric_is_the_lr_the_step_used(tiny_model_dir: Path) -> None:
     lrs = [tr.train_step(trajs)["lr"] for _ in range(3)]
     assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4]) and lrs == pytest.approx(seen)
     assert tr.sft_step(trajs)["lr"] == pytest.approx(1e-3)
+
+
+def test_gpu_config_trains_with_fp32_master_weights_and_a_token_budget() -> None:
+    import yaml
+
+    from agentrl.config import from_dict
+
+    raw = yaml.safe_load((Path(__file__).parents[2] / "configs" / "gpu_qwen2.5_tooluse.yaml").read_text())
+    tc = from_dict(TrainerConfig, raw["trainer"], "gpu_qwen2.5_tooluse.yaml")
+    tc.validate()
+    assert tc.compute_dtype == "bfloat16"  # bf16 compute; the Trainer keeps float32 parameters whatever dtype says
+    assert tc.micro_batch_tokens is not None and tc.gradient_checkpointing
+    assert tc.logprob_impl in ("auto", "liger", "torch")  # never the full [tokens, vocabulary] logits
