@@ -66,6 +66,8 @@ def test_entropy_without_gradient_and_log_prob_only_backward() -> None:
     assert torch.allclose(ent, ref_ent.detach(), atol=1e-5)
     assert torch.allclose(h.grad, h2.grad, atol=1e-5) and torch.allclose(w.grad, w2.grad, atol=1e-5)
     assert torch.allclose(LP.chunked_entropy(h.detach(), w.detach(), chunk=2), ref_ent.detach(), atol=1e-5)
+    hot = _reference(h.detach(), w.detach(), t, 0.5)[1]
+    assert torch.allclose(LP.chunked_entropy(h.detach(), w.detach(), temperature=0.5, chunk=4), hot, atol=1e-5)
 
 
 def test_bf16_compute_matches_autocast_projection() -> None:
