@@ -1,0 +1,146 @@
+"""Admission, deadlines and staleness: the rules that bound how far rollout runs ahead of training.
+
+Pure bookkeeping (no asyncio, no episodes): :class:`Admission` holds the admission counter and the trainer's
+version and answers the manager's questions; :meth:`Admission.select_batch` picks a training batch. The manager
+(:mod:`agentrl.manager.manager`) asks, and does the cancelling, replacing and waiting.
+
+Terms: α = ``async_ratio``, B = ``batch_size`` (trajectories the trainer consumes per version), ``v`` the trainer's
+version (the step it trains next, :meth:`Admission.set_version`), ``e`` the engine's version (the weights new tokens
+come from; ``e <= v`` in a training run, less when weights are synced every ``k > 1`` steps or load slowly) and,
+per group, its *admission version* ``a = min(v, e)`` at the moment the group was opened. ``reserved`` is
+``accepted + running + held + queued``: trajectories delivered in complete groups (and not handed back with
+``discard``), live episodes, finished winners waiting for their group mates, and episodes waiting for a slot.
+
+Rules
+1. **Admission** (AReaL's rule, counted against the engine): a group of ``L`` members is opened only while
+   ``reserved + L <= (α + a + 1)·B``. Counting the engine's version rather than the trainer's is what keeps a lagging
+   engine (``sync_every > 1``) from admitting work whose tokens are already old when they are generated.
+2. **Deadlines**: a group admitted at ``a`` is due at step ``a + α``. A batch for step ``v`` takes every due group
+   (deadline ``<= v``), waiting for it to finish if it has to, oldest first, then fills up with other finished
+   groups in completion order (:meth:`Admission.select_batch`).
+3. **Staleness** (the safety net): a finished trajectory, held winner or running episode whose oldest token version is
+   below ``v − α`` is stale: it is cancelled or dropped, counted (``dropped_stale``), replaced within its group, and
+   charged to the group's failure budget (``max_failures_per_group``), so a task whose episodes keep going stale is
+   eventually given up instead of being resampled until a short episode wins. The rule is suspended while the engine
+   serves ``e < v − α``: a restart could not produce fresher tokens.
+4. **Resume**: :meth:`Admission.restore` sets ``accepted`` to what the trainer consumed before the checkpoint (``k·B``
+   after ``k`` steps) together with ``v = k``, so the ceiling above ``accepted`` is ``(α + 1)·B`` as in a fresh run.
+
+Invariants (``tests/manager/test_admission.py`` drives them without the manager)
+- I1 **bound**: after every admission, ``reserved <= (α + a + 1)·B <= (α + v + 1)·B``.
+- I2 **due groups fit a batch**: when each step consumes ``B`` trajectories in whole groups (no discards), the groups
+  admitted at ``a <= v − α`` number at most ``(v + 1)·B / group_size`` (I1 at their admission) and ``v·B /
+  group_size`` of them were trained before step ``v``; so at most ``B / group_size`` groups are due at step ``v``
+  and a batch never has to leave one behind.
+- I3 **bounded staleness without cancelling**: every token of a group admitted at ``a`` comes from weights ``>= a``
+  (the engine's version only grows), and by I2 the group is trained at a step ``<= a + α``; so under rules 1-2 rule 3
+  never fires and nothing is dropped for being slow. Trained trajectories are then an unbiased sample of generated
+  ones (no length bias), except for over-provisioned members (``extra_per_group``), whose first ``group_size``
+  finishers win by design.
+- I4 **resume**: after ``restore(k, k·B)`` admission admits exactly what a fresh run at step 0 would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class Admission:
+    """The admission counter and version of one manager (see the module docstring for the rules).
+
+    ``alpha`` None disables rules 1-3 (a plain batch or episode run: only ``max_concurrency`` limits admission)."""
+
+    alpha: int | None
+    batch_size: int
+    accepted: int = 0
+    trainer_version: int | None = None  # None: follow the engine (no trainer controller)
+
+    def __post_init__(self) -> None:
+        if self.alpha is not None and self.alpha < 0:
+            raise ValueError(f"async_ratio must be >= 0 or null, got {self.alpha}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+    # ---- versions ------------------------------------------------------------------------------------------
+    def version(self, engine_version: int) -> int:
+        """Returns ``v``: the trainer's version when set, else the engine's."""
+        return int(engine_version) if self.trainer_version is None else self.trainer_version
+
+    def admit_version(self, engine_version: int) -> int:
+        """Returns ``a = min(v, e)``, the version a group opened now is admitted at."""
+        return min(self.version(engine_version), int(engine_version))
+
+    def set_version(self, v: int) -> None:
+        self.trainer_version = int(v)
+
+    def restore(self, version: int, accepted: int) -> None:
+        """Continues a run that trained ``version`` steps and consumed ``accepted`` trajectories (rule 4)."""
+        if version < 0 or accepted < 0:
+            raise ValueError(f"restore needs version >= 0 and accepted >= 0, got {version}, {accepted}")
+        self.trainer_version, self.accepted = int(version), int(accepted)
+
+    # ---- rule 1: admission -----------------------------------------------------------------------------------
+    def ceiling(self, engine_version: int) -> int | None:
+        """Returns ``(α + a + 1)·B``, the most trajectories that may be reserved now (None: no bound)."""
+        if self.alpha is None:
+            return None
+        return (self.alpha + self.admit_version(engine_version) + 1) * self.batch_size
+
+    def fits(self, reserved: int, launch: int, engine_version: int) -> bool:
+        """Whether a group of ``launch`` members may be opened with ``reserved`` trajectories already counted."""
+        top = self.ceiling(engine_version)
+        return top is None or reserved + launch <= top
+
+    def accept(self, n: int) -> None:
+        """``n`` trajectories were delivered in a complete group."""
+        self.accepted += int(n)
+
+    def discard(self, n: int) -> None:
+        """The consumer handed ``n`` delivered trajectories back (or a complete group was reopened)."""
+        self.accepted -= int(n)
+
+    # ---- rule 2: deadlines -------------------------------------------------------------------------------------
+    def deadline(self, admit_version: int) -> int | None:
+        """Returns the last step at which a group admitted at ``admit_version`` may be trained (None: no bound)."""
+        return None if self.alpha is None else admit_version + self.alpha
+
+    def is_due(self, admit_version: int, step: int) -> bool:
+        d = self.deadline(admit_version)
+        return d is not None and d <= step
+
+    def select_batch(self, ready: Sequence[T], n: int, step: int, admitted: Callable[[T], tuple[int, int]],
+                     waiting_due: int, ended: bool = False) -> list[T] | None:
+        """Picks the batch for ``step`` from ``ready`` (finished groups in completion order). ``admitted(g)`` returns
+        ``(admission version, opening order)``; ``waiting_due`` counts due groups that have not finished yet.
+
+        Returns the due groups (oldest first, at most ``n``) followed by other ready groups in completion order, ``n``
+        in all; or None while a due group is still running or fewer than ``n`` groups are ready. With ``ended`` (no
+        more groups will finish) it returns what there is (possibly fewer than ``n``, None if nothing)."""
+        due = sorted((g for g in ready if self.is_due(admitted(g)[0], step)), key=admitted)
+        if waiting_due > 0 and len(due) < n and not ended:
+            return None
+        chosen = due[:n]
+        taken = {id(g) for g in chosen}
+        chosen += [g for g in ready if id(g) not in taken][: n - len(chosen)]
+        if len(chosen) < n and not ended:
+            return None
+        return chosen or None
+
+    # ---- rule 3: staleness --------------------------------------------------------------------------------------
+    def staleness_applies(self, engine_version: int) -> bool:
+        """Whether rule 3 is in force: α is set and the engine serves ``e >= v − α``."""
+        return self.alpha is not None and int(engine_version) >= self.version(engine_version) - self.alpha
+
+    def is_stale(self, oldest_version: int | None, engine_version: int) -> bool:
+        """Whether tokens as old as ``oldest_version`` (None: no tokens yet) break the bound now (rule 3)."""
+        if oldest_version is None or not self.staleness_applies(engine_version):
+            return False
+        return oldest_version < self.version(engine_version) - self.alpha  # type: ignore[operator]
+
+    def stale_reason(self, oldest_version: int, engine_version: int) -> str:
+        return (f"stale: oldest token version {oldest_version} < v - alpha = "
+                f"{self.version(engine_version) - (self.alpha or 0)}")
