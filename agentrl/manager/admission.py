@@ -8,13 +8,16 @@ Terms: α = ``async_ratio``, B = ``batch_size`` (trajectories the trainer consum
 version (the step it trains next, :meth:`Admission.set_version`), ``e`` the engine's version (the weights new tokens
 come from; ``e <= v`` in a training run, less when weights are synced every ``k > 1`` steps or load slowly) and,
 per group, its *admission version* ``a = min(v, e)`` at the moment the group was opened. ``reserved`` is
-``accepted + running + held + queued``: trajectories delivered in complete groups (and not handed back with
-``discard``), live episodes, finished winners waiting for their group mates, and episodes waiting for a slot.
+``accepted + group_size·open``: trajectories delivered in complete groups (and not handed back with ``discard``), plus
+``group_size`` for every open group. An open group reserves what it will deliver, ``group_size`` trajectories,
+whatever it runs: its over-provisioned members (``extra_per_group``) and replacements never reach the trainer, so
+they cost compute, not staleness. With ``extra_per_group: 0`` this is AReaL's count, ``accepted + running``
+(running, held and queued members of open groups never exceed ``group_size`` per group).
 
 Rules
-1. **Admission** (AReaL's rule, counted against the engine): a group of ``L`` members is opened only while
-   ``reserved + L <= (α + a + 1)·B``. Counting the engine's version rather than the trainer's is what keeps a lagging
-   engine (``sync_every > 1``) from admitting work whose tokens are already old when they are generated.
+1. **Admission** (AReaL's rule, counted in whole groups and against the engine): a group is opened only while
+   ``reserved + group_size <= (α + a + 1)·B``. Counting the engine's version rather than the trainer's is what keeps
+   a lagging engine (``sync_every > 1``) from admitting work whose tokens are already old when they are generated.
 2. **Deadlines**: a group admitted at ``a`` is due at step ``a + α``. A batch for step ``v`` takes every due group
    (deadline ``<= v``), waiting for it to finish if it has to, oldest first, then fills up with other finished
    groups in completion order (:meth:`Admission.select_batch`).
@@ -28,10 +31,13 @@ Rules
 
 Invariants (``tests/manager/test_admission.py`` drives them without the manager)
 - I1 **bound**: after every admission, ``reserved <= (α + a + 1)·B <= (α + v + 1)·B``.
-- I2 **due groups fit a batch**: when each step consumes ``B`` trajectories in whole groups (no discards), the groups
-  admitted at ``a <= v − α`` number at most ``(v + 1)·B / group_size`` (I1 at their admission) and ``v·B /
-  group_size`` of them were trained before step ``v``; so at most ``B / group_size`` groups are due at step ``v``
-  and a batch never has to leave one behind.
+- I2 **due groups fit a batch**: when each step consumes ``B`` trajectories in whole groups (no discards, ``B`` a
+  multiple of ``group_size``), the groups admitted at ``a <= v − α`` number at most ``(v + 1)·B / group_size`` (I1
+  at their admission) and ``v·B / group_size`` of them were trained before step ``v``; so at most ``B /
+  group_size`` groups are due at step ``v`` and a batch never has to leave one behind.
+- I2' **no deadlock**: a trainer waiting at step ``v`` has fewer than ``B / group_size`` groups ready, so
+  ``accepted <= v·B + B − group_size`` while the ceiling is at least ``(v + 1)·B`` (``a >= v − α`` when weights
+  reach the engine at least every ``α + 1`` steps): there is always room to open the group it waits for.
 - I3 **bounded staleness without cancelling**: every token of a group admitted at ``a`` comes from weights ``>= a``
   (the engine's version only grows), and by I2 the group is trained at a step ``<= a + α``; so under rules 1-2 rule 3
   never fires and nothing is dropped for being slow. Trained trajectories are then an unbiased sample of generated
@@ -90,10 +96,10 @@ class Admission:
             return None
         return (self.alpha + self.admit_version(engine_version) + 1) * self.batch_size
 
-    def fits(self, reserved: int, launch: int, engine_version: int) -> bool:
-        """Whether a group of ``launch`` members may be opened with ``reserved`` trajectories already counted."""
+    def fits(self, reserved: int, group_size: int, engine_version: int) -> bool:
+        """Whether a group delivering ``group_size`` trajectories may be opened with ``reserved`` already counted."""
         top = self.ceiling(engine_version)
-        return top is None or reserved + launch <= top
+        return top is None or reserved + group_size <= top
 
     def accept(self, n: int) -> None:
         """``n`` trajectories were delivered in a complete group."""

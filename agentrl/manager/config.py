@@ -81,9 +81,9 @@ class ManagerConfig:
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         b = self.batch_size or self.num_groups * self.group_size
-        if self.async_ratio is not None and b < self.group_size + self.extra_per_group:
-            raise ValueError(f"batch_size ({b}) must be >= group_size + extra_per_group "
-                             f"({self.group_size + self.extra_per_group}): admission reserves whole groups")
+        if self.async_ratio is not None and b % self.group_size:
+            raise ValueError(f"batch_size ({b}) must be a multiple of group_size ({self.group_size}): admission "
+                             f"counts whole groups")
         if self.rpc_batch_window_s < 0:
             raise ValueError(f"rpc_batch_window_s must be >= 0, got {self.rpc_batch_window_s}")
         if self.worker_num_cpus < 0:

@@ -5,7 +5,7 @@ version changes and metrics. The rules live in :mod:`agentrl.manager.admission`,
 
 Invariant of the pump: episodes start only while ``running < max_concurrency``, and a group is opened only when
 :meth:`agentrl.manager.admission.Admission.fits` says so (whole groups at once, so that partly admitted groups can
-never deadlock). Every state change that could let a waiting consumer proceed wakes the round.
+never deadlock; an open group reserves ``group_size`` trajectories). Every state change that could let a waiting consumer proceed wakes the round.
 """
 
 from __future__ import annotations
@@ -169,8 +169,8 @@ class EnvManager:
             return False  # continuous mode: do not queue beyond what can run
         if r.deliver_failed:
             return True
-        reserved = self.admission.accepted + len(self._running) + self._book.held + queued
-        return self.admission.fits(reserved, r.launch_size, self._engine_version())
+        reserved = self.admission.accepted + r.group_size * len(r.open)
+        return self.admission.fits(reserved, r.group_size, self._engine_version())
 
     def _live_workers(self) -> list[EnvWorker]:
         return [w for w in self.workers if w.alive]
