@@ -11,22 +11,29 @@ manager alike)::
 - ``async_ratio: 0`` is strict on-policy: the manager admits only the ``B`` trajectories of version ``v`` (AReaL's
   rule ``accepted + running < (α + v + 1)·B`` with α = 0), so rollout for step ``v`` uses weights ``v`` only, and
   the version moves (unlocking the next batch) only after the engine holds the new weights.
-- ``async_ratio: α ≥ 1``: rollout never stops; the same rule lets it run up to α batches ahead, the manager cancels
-  (or drops) running episodes whose oldest token is older than ``v − α``, and the controller drops delivered groups
-  that became too stale while queued, so the trainer never sees a token more than α versions old.
+- ``async_ratio: α ≥ 1``: rollout never stops; the same rule, counted against the engine's version, lets it run up
+  to α batches ahead, and each step's batch takes first every group admitted α versions ago (waiting for it if it
+  is still running), so the trainer never sees a token more than α versions old and no episode is cancelled for
+  being slow: trained trajectories are an unbiased sample of generated ones (``agentrl.manager.admission``).
+
+The trainer scores tokens at the rollout's temperature (``TrainConfig`` ties the two). Every step's metrics line
+lists the tasks it trained (``tasks``); checkpoints record the tasks opened but not yet trained, and a resumed run
+replays those first, so across a crash every task is trained exactly once.
 
 Run directory (``run_dir``): ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON line per step,
 flushed and fsynced), ``tb/`` (TensorBoard events), ``warmstart/`` (the warm-started starting policy, if any),
 ``checkpoints/step_NNNNNN/`` (trainer checkpoint, written atomically by the trainer) with
 ``checkpoints/step_NNNNNN.json`` (controller state, written atomically after it), and ``summary.json``.
 ``resume`` continues from the newest step whose two parts are both complete: the trainer restores model, optimizer
-and RNG, the engine receives those weights at that version, metrics lines of later steps are removed, and training
-goes on at the next step, so no step is repeated or skipped.
+and RNG, the engine receives those weights at that version, metrics lines of later steps are removed, the manager's
+admission count is restored to the trajectories trained so far, the tasks that were in flight are replayed, and
+training goes on at the next step, so no step or task is repeated or skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -111,7 +118,12 @@ class EvalConfig:
 @dataclass
 class TrainConfig:
     """A training run. ``manager`` sizes the batch: ``num_groups`` groups of ``group_size`` trajectories per step.
-    ``sync_every``: weights go to the engine every k steps (needs ``async_ratio >= k - 1``)."""
+    ``sync_every``: weights go to the engine every k steps (needs ``async_ratio >= k - 1``; admission counts the
+    engine's version, so a lagging engine slows rollout down instead of producing stale work).
+
+    The trainer scores tokens with the distribution the engine sampled them from: ``trainer.temperature`` left at its
+    default (1.0) is set to ``rollout.temperature``, any other value must equal it; ``rollout.top_p`` must be 1 and
+    ``rollout.top_k`` off (the trainer's log-probs are of the full distribution), and ``rollout.temperature`` > 0."""
 
     env: EnvConfig
     run_dir: str = "runs/train"
@@ -146,6 +158,28 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.manager.async_ratio is not None:
             raise ValueError("set async_ratio at the top level, not manager.async_ratio")
+        m = self.manager
+        if m.batch_size is not None and m.batch_size != m.num_groups * m.group_size:
+            raise ValueError(f"manager.batch_size ({m.batch_size}) must be null or num_groups * group_size "
+                             f"({m.num_groups * m.group_size}): the trainer takes num_groups groups per step")
+        self._check_sampling()
+
+    def _check_sampling(self) -> None:
+        """Ties the trainer's log-probs to the engine's sampling distribution (see the class docstring)."""
+        r, t = self.rollout, self.trainer
+        if not r.temperature > 0:
+            raise ValueError(f"rollout.temperature must be > 0 for training, got {r.temperature} (greedy tokens have "
+                             f"no behaviour distribution; use eval.temperature for greedy evaluation)")
+        if r.top_p != 1.0 or r.top_k != -1:
+            raise ValueError(f"rollout.top_p ({r.top_p}) must be 1.0 and rollout.top_k ({r.top_k}) -1 for training: "
+                             f"the trainer scores tokens under the full distribution, so a truncated sampler makes "
+                             f"every importance weight wrong")
+        if t.temperature != r.temperature:
+            if t.temperature != 1.0:
+                raise ValueError(f"trainer.temperature ({t.temperature}) must equal rollout.temperature "
+                                 f"({r.temperature}): the trainer must score tokens at the temperature they were "
+                                 f"sampled at (leave trainer.temperature unset to derive it)")
+            t.temperature = r.temperature
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
@@ -271,6 +305,40 @@ async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer
 
 
 # --------------------------------------------------------------------------------------------------- training
+class TaskLedger:
+    """The training tasks: task ``i`` is seed ``env.seed_start + i`` in group ``task<i>``, one group per task.
+
+    Tracks the tasks the manager opened and the trainer has not trained yet. A checkpoint stores them
+    (:meth:`state`); a run resumed from it replays them first, then continues with new tasks, so across a crash no
+    task is skipped and none is trained twice (the steps after the checkpoint are rolled back with the trainer)."""
+
+    def __init__(self, env: EnvConfig, next_task: int = 0, replay: list[int] | None = None):
+        self.env = env
+        self.next_task = int(next_task)
+        self._replay = collections.deque(sorted(int(i) for i in replay or ()))
+        self.open: set[int] = set()
+
+    def next_spec(self) -> EpisodeSpec:
+        """The manager's task source: replayed tasks first, then new ones."""
+        if self._replay:
+            i = self._replay.popleft()
+        else:
+            i, self.next_task = self.next_task, self.next_task + 1
+        self.open.add(i)
+        return EpisodeSpec(self.env.id, env_kwargs=dict(self.env.kwargs), seed=self.env.seed_start + i,
+                           group_id=f"task{i}")
+
+    def trained(self, groups: list[Group]) -> list[int]:
+        """Marks the tasks of ``groups`` trained; returns their indices."""
+        ids = [int(g.id[len("task"):]) for g in groups]
+        self.open.difference_update(ids)
+        return ids
+
+    def state(self) -> dict[str, Any]:
+        """``next_task`` and ``open_tasks`` (opened, not trained, including those still waiting to be replayed)."""
+        return {"next_task": self.next_task, "open_tasks": sorted(self.open | set(self._replay))}
+
+
 class _IdleMeter:
     """Samples, every ``period`` seconds, whether the producer has no episode running (rollout idle)."""
 
@@ -319,6 +387,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
     from agentrl.rollout import AgentLoopPolicy
     from agentrl.trainer.actor import create_trainer_actor
 
+    cfg.validate()  # a config built in Python skipped the loader's checks (and the derived trainer temperature)
     t_start = time.perf_counter()
     files = RunFiles(cfg.run_dir)
     files.root.mkdir(parents=True, exist_ok=True)
@@ -346,13 +415,16 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
                  include_dashboard=False, log_to_driver=False)
     trainer = create_trainer_actor(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
                                    num_gpus=1 if cfg.trainer.device == "cuda" else 0)
-    step0, next_task, history = 0, 0, {}
+    step0, history = 0, {}
+    tasks = TaskLedger(cfg.env)
     if latest is not None:
         step0, ckpt_dir, state = latest
         await trainer.load_checkpoint.remote(str(ckpt_dir))
-        next_task, history = int(state["next_task"]), state.get("history", {})
+        tasks = TaskLedger(cfg.env, int(state["next_task"]), state.get("open_tasks", []))
+        history = state.get("history", {})
         files.truncate_metrics(step0)
-        log.info("resumed from %s (step %d)", ckpt_dir, step0)
+        log.info("resumed from %s (step %d; replaying %d tasks that were in flight)", ckpt_dir, step0,
+                 len(state.get("open_tasks", [])))
 
     engine = make_engine(dataclasses.replace(cfg.engine, model=str(start_model)))
     writer = None
@@ -367,18 +439,8 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
             history["eval_before"] = await evaluate(engine, tokenizer, cfg, cfg.eval.episodes)
             log.info("held-out reward before RL: %.3f", history["eval_before"]["reward"])
 
-        mcfg = dataclasses.replace(cfg.manager, async_ratio=cfg.async_ratio)
         policy = AgentLoopPolicy(engine, tokenizer, cfg.rollout)
-        task_counter = [next_task]
-
-        def next_spec() -> EpisodeSpec:
-            i = task_counter[0]
-            task_counter[0] += 1
-            return EpisodeSpec(cfg.env.id, env_kwargs=dict(cfg.env.kwargs), seed=cfg.env.seed_start + i,
-                               group_id=f"task{i}")
-
-        summary = await _loop(cfg, files, trainer, engine, policy, mcfg, next_spec, task_counter, step0, history,
-                              writer, tokenizer)
+        summary = await _loop(cfg, files, trainer, engine, policy, tasks, step0, history, writer, tokenizer)
         summary["wall_s"] = time.perf_counter() - t_start
         _atomic_write(files.root / "summary.json", json.dumps(summary, indent=2))
         return summary
@@ -389,37 +451,31 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
         ray.kill(trainer)
 
 
-async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, policy: Any, mcfg: ManagerConfig,
-                next_spec: Any, task_counter: list[int], step0: int, history: dict[str, Any], writer: Any,
-                tokenizer: Any) -> dict[str, Any]:
+async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, policy: Any, tasks: TaskLedger,
+                step0: int, history: dict[str, Any], writer: Any, tokenizer: Any) -> dict[str, Any]:
+    """Steps ``step0 .. cfg.steps - 1``: takes each step's batch from the manager (due groups first, so no token is
+    more than ``async_ratio`` versions old), trains, syncs weights, moves the manager's version, logs, checkpoints."""
     from agentrl.manager import EnvManager
 
     num_groups = cfg.manager.num_groups
+    mcfg = dataclasses.replace(cfg.manager, async_ratio=cfg.async_ratio)
     bar = None
     if cfg.progress:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, initial=step0, desc="train", unit="step", dynamic_ncols=True)
     async with EnvManager(mcfg, policy) as mgr:
-        mgr.set_version(step0)
-        mgr.start(next_spec)
+        mgr.restore(version=step0, accepted=step0 * mgr.batch_size)  # what the trainer consumed before a resume
+        mgr.start(tasks.next_spec)
         idle = _IdleMeter(mgr)
         idle.start()
-        dropped_queued = 0
         try:
             for step in range(step0, cfg.steps):
                 t0 = time.perf_counter()
-                groups: list[Group] = []
-                while len(groups) < num_groups:
-                    g = await mgr.next_group()
-                    if g is None:
-                        raise RuntimeError("the manager stopped producing groups")
-                    oldest = min((t.version_range() or (step, step))[0] for t in g.trajectories)
-                    if step - oldest > cfg.async_ratio:  # queued too long: would break the staleness bound
-                        dropped_queued += 1
-                        mgr.discard(len(g.trajectories))
-                        continue
-                    groups.append(g)
+                groups = await mgr.next_batch(num_groups)
+                if not groups or len(groups) < num_groups:
+                    raise RuntimeError(f"the manager stopped producing groups (got {len(groups or [])} of {num_groups})")
+                trained_tasks = tasks.trained(groups)
                 t_got = time.perf_counter()
                 metrics = await trainer.train_step.remote(groups)
                 t_trained = time.perf_counter()
@@ -433,8 +489,9 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                 row: dict[str, Any] = {"step": version}
                 row.update(_flatten(metrics, "train/"))
                 man = mgr.metrics()
-                row.update(_flatten({k: man[k] for k in ("running", "finished", "cancelled", "failed", "dropped_stale",
-                                                          "rescheduled", "env_steps", "step_p50_s", "step_p99_s")
+                row.update(_flatten({k: man[k] for k in ("running", "started", "finished", "cancelled", "failed",
+                                                          "dropped_stale", "rescheduled", "failed_groups", "env_steps",
+                                                          "step_p50_s", "step_p99_s")
                                      if man.get(k) is not None}, "manager/"))
                 gen_tokens = sum(t.num_generated for t in trajs)
                 row.update({
@@ -448,15 +505,15 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                     "time/trainer_idle_frac": (t_got - t0 + t_end - t_trained) / step_s,
                     "time/rollout_idle_frac": idle.take(),
                     "throughput/gen_tokens_per_s": gen_tokens / step_s,
-                    "dropped_queued_groups": float(dropped_queued),
                     "wall_s": time.time(),
+                    "tasks": trained_tasks,  # the ledger: every task is trained at exactly one step
                 })
                 if cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.steps:
                     row.update(_flatten(await evaluate(engine, tokenizer, cfg, cfg.eval.episodes), "eval/"))
                 files.append_metrics(row)
                 if writer is not None:
                     for k, v in row.items():
-                        if k not in ("step", "wall_s"):
+                        if k not in ("step", "wall_s") and isinstance(v, float):
                             writer.add_scalar(k, v, version)
                     writer.flush()
                 if bar is not None:
@@ -466,7 +523,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                     d = files.checkpoint_dir(version)
                     await trainer.save_checkpoint.remote(str(d))
                     _atomic_write(d.with_suffix(".json"), json.dumps(
-                        {"step": version, "next_task": task_counter[0], "history": history}))
+                        {"step": version, **tasks.state(), "history": history}))
         finally:
             await idle.stop()
             if bar is not None:

@@ -18,9 +18,12 @@ Rules
 1. **Admission** (AReaL's rule, counted in whole groups and against the engine): a group is opened only while
    ``reserved + group_size <= (α + a + 1)·B``. Counting the engine's version rather than the trainer's is what keeps
    a lagging engine (``sync_every > 1``) from admitting work whose tokens are already old when they are generated.
-2. **Deadlines**: a group admitted at ``a`` is due at step ``a + α``. A batch for step ``v`` takes every due group
-   (deadline ``<= v``), waiting for it to finish if it has to, oldest first, then fills up with other finished
-   groups in completion order (:meth:`Admission.select_batch`).
+2. **Deadlines**: a group admitted at ``a`` is due at step ``a + α``. Batches are scheduled earliest deadline
+   first with a capacity of ``n = B / group_size`` groups per step: the batch for step ``v`` takes the fewest groups
+   that keep every later deadline meetable (for each ``d``, the groups due by ``d`` must fit into this batch and the
+   ``d − v`` after it), finished ones first, waiting for a running one only when no finished one will do; then it
+   fills up with other finished groups in completion order (:meth:`Admission.select_batch`). Taking the fast groups
+   first without that check would let old slow groups pile up beyond what one batch can take.
 3. **Staleness** (the safety net): a finished trajectory, held winner or running episode whose oldest token version is
    below ``v − α`` is stale: it is cancelled or dropped, counted (``dropped_stale``), replaced within its group, and
    charged to the group's failure budget (``max_failures_per_group``), so a task whose episodes keep going stale is
@@ -31,16 +34,17 @@ Rules
 
 Invariants (``tests/manager/test_admission.py`` drives them without the manager)
 - I1 **bound**: after every admission, ``reserved <= (α + a + 1)·B <= (α + v + 1)·B``.
-- I2 **due groups fit a batch**: when each step consumes ``B`` trajectories in whole groups (no discards, ``B`` a
-  multiple of ``group_size``), the groups admitted at ``a <= v − α`` number at most ``(v + 1)·B / group_size`` (I1
-  at their admission) and ``v·B / group_size`` of them were trained before step ``v``; so at most ``B /
-  group_size`` groups are due at step ``v`` and a batch never has to leave one behind.
+- I2 **deadlines are met**: the groups due by step ``d`` number at most ``(d + 1)·n`` (I1 at their admission, with
+  ``a <= d − α``), and ``v·n`` groups were trained before step ``v``; the earliest-deadline-first check keeps, at
+  every step, the untrained groups due by ``d`` within ``(d − v + 1)·n``, so every group is trained by its deadline
+  and a batch never has to leave a due group behind (when each step takes ``n`` whole groups and none is handed
+  back; ``B`` a multiple of ``group_size``).
 - I2' **no deadlock**: a trainer waiting at step ``v`` has fewer than ``B / group_size`` groups ready, so
   ``accepted <= v·B + B − group_size`` while the ceiling is at least ``(v + 1)·B`` (``a >= v − α`` when weights
   reach the engine at least every ``α + 1`` steps): there is always room to open the group it waits for.
 - I3 **bounded staleness without cancelling**: every token of a group admitted at ``a`` comes from weights ``>= a``
-  (the engine's version only grows), and by I2 the group is trained at a step ``<= a + α``; so under rules 1-2 rule 3
-  never fires and nothing is dropped for being slow. Trained trajectories are then an unbiased sample of generated
+  (the engine's version only grows), and by I2 it is trained at a step ``<= a + α``; so under rules 1-2 rule 3 never
+  fires and nothing is dropped for being slow. Trained trajectories are then an unbiased sample of generated
   ones (no length bias), except for over-provisioned members (``extra_per_group``), whose first ``group_size``
   finishers win by design.
 - I4 **resume**: after ``restore(k, k·B)`` admission admits exactly what a fresh run at step 0 would.
@@ -114,22 +118,42 @@ class Admission:
         """Returns the last step at which a group admitted at ``admit_version`` may be trained (None: no bound)."""
         return None if self.alpha is None else admit_version + self.alpha
 
-    def is_due(self, admit_version: int, step: int) -> bool:
-        d = self.deadline(admit_version)
-        return d is not None and d <= step
+    def select_batch(self, ready: Sequence[T], running: Sequence[int], n: int, step: int,
+                     admitted: Callable[[T], tuple[int, int]], ended: bool = False) -> list[T] | None:
+        """Picks the batch of ``n`` groups for ``step`` (rule 2). ``ready``: finished groups in completion order;
+        ``admitted(g)`` returns ``(admission version, opening order)``; ``running``: the admission versions of the
+        groups still open.
 
-    def select_batch(self, ready: Sequence[T], n: int, step: int, admitted: Callable[[T], tuple[int, int]],
-                     waiting_due: int, ended: bool = False) -> list[T] | None:
-        """Picks the batch for ``step`` from ``ready`` (finished groups in completion order). ``admitted(g)`` returns
-        ``(admission version, opening order)``; ``waiting_due`` counts due groups that have not finished yet.
-
-        Returns the due groups (oldest first, at most ``n``) followed by other ready groups in completion order, ``n``
-        in all; or None while a due group is still running or fewer than ``n`` groups are ready. With ``ended`` (no
-        more groups will finish) it returns what there is (possibly fewer than ``n``, None if nothing)."""
-        due = sorted((g for g in ready if self.is_due(admitted(g)[0], step)), key=admitted)
-        if waiting_due > 0 and len(due) < n and not ended:
-            return None
-        chosen = due[:n]
+        Earliest-deadline-first with a capacity of ``n`` groups per step: for every deadline ``d``, the groups due
+        by ``d`` must fit into this batch and the ``d − step`` batches after it. The batch takes the fewest groups
+        that keeps that true (finished ones first, earliest deadline first); if that needs a group that is still
+        running it returns None (the caller waits); then it fills up with other finished groups in completion
+        order. Returns None while fewer than ``n`` groups are ready; with ``ended`` (nothing more will finish) it
+        returns what there is (None if nothing)."""
+        if self.alpha is None:
+            chosen = list(ready[:n])
+            return chosen if chosen and (len(chosen) == n or ended) else None
+        a = self.alpha
+        by_deadline = sorted(ready, key=admitted)
+        open_dl = sorted(v + a for v in running)
+        deadlines = sorted({admitted(g)[0] + a for g in ready} | set(open_dl))
+        must: list[T] = []
+        must_running = ri = oi = 0
+        for d in deadlines:
+            due_by_d = sum(1 for g in ready if admitted(g)[0] + a <= d) + sum(1 for x in open_dl if x <= d)
+            need = due_by_d - max(0, d - step) * n
+            while len(must) + must_running < min(need, n):
+                if ri < len(by_deadline) and admitted(by_deadline[ri])[0] + a <= d:
+                    must.append(by_deadline[ri])
+                    ri += 1
+                elif oi < len(open_dl) and open_dl[oi] <= d:
+                    must_running += 1
+                    oi += 1
+                else:
+                    break
+        if must_running and len(must) < n and not ended:
+            return None  # a group that has to be in this batch is still running
+        chosen = must[:n]
         taken = {id(g) for g in chosen}
         chosen += [g for g in ready if id(g) not in taken][: n - len(chosen)]
         if len(chosen) < n and not ended:

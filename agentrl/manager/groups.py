@@ -291,10 +291,6 @@ class GroupBook:
             g.state = DONE
         return [g.as_group() for g in chosen]
 
-    def waiting_due(self, r: Round, step: int) -> int:
-        """Open groups of ``r`` that are due at ``step`` (admission rule 2)."""
-        return sum(self.admission.is_due(g.admit_version, step) for g in r.open.values())
-
     # ---- rule 3 after a version change -------------------------------------------------------------------------
     def restale(self, r: Round) -> None:
         """Applies the staleness rule to ``r`` at the current version: running episodes (cancelled, or marked to be

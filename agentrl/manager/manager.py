@@ -289,8 +289,8 @@ class EnvManager:
                 raise self._fatal
             if ordered:
                 step = self.version
-                chosen = adm.select_batch(r.ready, n, step, lambda g: (g.admit_version, g.index),
-                                          self._book.waiting_due(r, step), ended=r.finished)
+                chosen = adm.select_batch(r.ready, [g.admit_version for g in r.open.values()], n, step,
+                                          lambda g: (g.admit_version, g.index), ended=r.finished)
             else:
                 chosen = r.ready[:n] if len(r.ready) >= n or r.finished else None
             if chosen:
@@ -371,9 +371,9 @@ class EnvManager:
         self._pump()
 
     async def next_batch(self, n: int) -> list[Group] | None:
-        """Returns the ``n`` groups to train at the current version: every due group (admitted at ``a`` with
-        ``a + α <= v``, waiting for it if it is still running), oldest first, then other finished groups in
-        completion order. Returns fewer once nothing more can finish, and None when the run ended with nothing
+        """Returns the ``n`` groups to train at the current version, earliest deadline first (a group admitted at
+        ``a`` is due at step ``a + α``): the groups that must be trained now for every deadline to be met (waiting
+        for them if they are still running), then other finished groups in completion order. Returns fewer once nothing more can finish, and None when the run ended with nothing
         left (source exhausted and nothing running, or stopped)."""
         r = self._cround
         if r is None:

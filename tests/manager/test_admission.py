@@ -50,22 +50,27 @@ def test_staleness_rule_and_its_suspension_while_the_engine_lags():
     assert not Admission(alpha=None, batch_size=8).is_stale(0, 10)
 
 
-def test_select_batch_takes_due_groups_first_and_waits_for_running_ones():
-    adm = Admission(alpha=1, batch_size=4)
-    key = {"a0": (0, 0), "b0": (0, 1), "c1": (1, 2), "d1": (1, 3)}
+def test_select_batch_is_earliest_deadline_first_and_waits_only_when_it_must():
+    adm = Admission(alpha=1, batch_size=4)  # n = 2 groups per step
+    key = {"a0": (0, 0), "b0": (0, 1), "c1": (1, 2), "d1": (1, 3), "e2": (2, 4)}
     admitted = key.__getitem__
     # step 1: groups admitted at 0 are due. One of them still runs: wait even though 2 groups are ready.
-    assert adm.select_batch(["c1", "a0"], 2, 1, admitted, waiting_due=1) is None
+    assert adm.select_batch(["c1", "a0"], [0], 2, 1, admitted) is None
     # both due groups ready: they come first (oldest first), whatever the completion order
-    assert adm.select_batch(["c1", "d1", "b0", "a0"], 2, 1, admitted, waiting_due=0) == ["a0", "b0"]
-    # one due group ready, none waiting: it first, then completion order
-    assert adm.select_batch(["d1", "c1", "b0"], 2, 1, admitted, waiting_due=0) == ["b0", "d1"]
+    assert adm.select_batch(["c1", "d1", "b0", "a0"], [], 2, 1, admitted) == ["a0", "b0"]
+    # one due group ready, none running: it first, then completion order
+    assert adm.select_batch(["d1", "c1", "b0"], [], 2, 1, admitted) == ["b0", "d1"]
+    # step 0: nothing due now, but 3 groups are due by step 1 and a batch holds 2: one of them must go now; a
+    # finished one does (no waiting for the running ones), then completion order fills up
+    assert adm.select_batch(["e2", "b0"], [0, 0], 2, 0, admitted) == ["b0", "e2"]
+    # ... and when none of them has finished, the batch waits for one
+    assert adm.select_batch(["e2", "c1"], [0, 0, 0], 2, 0, admitted) is None
     # not enough ready: wait, unless nothing more can finish
-    assert adm.select_batch(["c1"], 2, 1, admitted, waiting_due=0) is None
-    assert adm.select_batch(["c1"], 2, 1, admitted, waiting_due=0, ended=True) == ["c1"]
-    assert adm.select_batch([], 2, 1, admitted, waiting_due=0, ended=True) is None
+    assert adm.select_batch(["c1"], [], 2, 1, admitted) is None
+    assert adm.select_batch(["c1"], [], 2, 1, admitted, ended=True) == ["c1"]
+    assert adm.select_batch([], [], 2, 1, admitted, ended=True) is None
     # without alpha nothing is ever due: completion order
-    assert Admission(None, 4).select_batch(["d1", "a0"], 1, 9, admitted, waiting_due=0) == ["d1"]
+    assert Admission(None, 4).select_batch(["d1", "a0"], [0], 1, 9, admitted) == ["d1"]
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -143,11 +148,11 @@ def simulate(alpha: int, num_groups: int, group_size: int, steps: int, *, sync_e
         if out.steps == 0 and not busy and t == 0.0:
             out.first_admission = running
         if not busy:
-            waiting = sum(adm.is_due(g.admit, v) for g in open_groups.values())
-            due = waiting + sum(adm.is_due(g.admit, v) for g in ready)
+            due = sum(g.admit + alpha <= v for g in [*open_groups.values(), *ready])
             out.max_due = max(out.max_due, due)
             if rule == "deadline":
-                chosen = adm.select_batch(ready, num_groups, v, lambda g: (g.admit, g.index), waiting)
+                chosen = adm.select_batch(ready, [g.admit for g in open_groups.values()], num_groups, v,
+                                          lambda g: (g.admit, g.index))
             else:
                 chosen = ready[:num_groups] if len(ready) >= num_groups else None
             if chosen:
@@ -198,14 +203,17 @@ def simulate(alpha: int, num_groups: int, group_size: int, steps: int, *, sync_e
 
 @pytest.mark.parametrize("alpha, sync_every, extra", [(0, 1, 0), (1, 1, 0), (1, 2, 0), (2, 3, 0), (4, 1, 0),
                                                       (2, 1, 1), (4, 5, 2)])
-def test_invariants_hold_through_long_tails_lagging_engines_and_redundancy(alpha, sync_every, extra):
-    run = simulate(alpha, num_groups=3, group_size=2, steps=150, sync_every=sync_every, extra=extra, seed=alpha)
-    assert run.steps == 150
-    assert run.max_due <= 3  # I2: the due groups always fit one batch
-    assert run.max_staleness <= alpha  # I3: bounded staleness, and nothing was cancelled to get it
-    assert run.dropped_stale == 0
-    if extra == 0:  # every started episode is trained or still in flight at the end: no work wasted
-        assert run.started <= 150 * 6 + (alpha + 1) * 6
+@pytest.mark.parametrize("tail, train_time", [(1.1, 0.3), (0.5, 0.05), (0.5, 0.01)])
+def test_invariants_hold_through_long_tails_lagging_engines_and_redundancy(alpha, sync_every, extra, tail, train_time):
+    for seed in range(3):
+        run = simulate(alpha, num_groups=3, group_size=2, steps=150, sync_every=sync_every, extra=extra, seed=seed,
+                       tail=tail, train_time=train_time)
+        assert run.steps == 150
+        assert run.max_due <= 3  # I2: the due groups always fit one batch
+        assert run.max_staleness <= alpha  # I3: bounded staleness, and nothing was cancelled to get it
+        assert run.dropped_stale == 0
+        if extra == 0:  # every started episode is trained or still in flight at the end: no work wasted
+            assert run.started <= 150 * 6 + (alpha + 1) * 6
 
 
 def test_resume_admits_what_a_fresh_run_admits():
