@@ -311,6 +311,8 @@ class GroupBook:
             for g in list(r.ready):
                 if any(adm.is_stale(oldest_version(t), e) for t in g.winners):
                     r.ready.remove(g)
+                    r.delivered -= 1
+                    self.counts["delivered_groups"] -= 1
                     adm.discard(len(g.winners))
                     g.state = OPEN
                     r.open[g.key] = g

@@ -143,12 +143,19 @@ class EnvManager:
         if self._round is not None:
             self._book.restale(self._round)
         self._pump()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Lets waiting consumers re-check (a version change moves deadlines)."""
+        for r in {id(x): x for x in (self._round, self._cround) if x is not None}.values():
+            r.wake()
 
     def restore(self, version: int, accepted: int) -> None:
         """Continues a run that trained ``version`` steps consuming ``accepted`` trajectories (``version·B`` for a
         trainer taking B per step): admission then admits what a fresh run at step 0 would (no burst)."""
         self.admission.restore(version, accepted)
         self._pump()
+        self._wake()
 
     def discard(self, n: int) -> None:
         """The consumer rejected ``n`` delivered trajectories (e.g. a filtered group): they no longer count as
@@ -255,9 +262,7 @@ class EnvManager:
 
     def _set_fatal(self, err: ManagerError) -> None:
         self._fatal = err
-        for r in (self._round, self._cround):
-            if r is not None:
-                r.wake()
+        self._wake()
 
     # ---- producers -------------------------------------------------------------------------------------------
     def _begin(self, r: Round) -> None:

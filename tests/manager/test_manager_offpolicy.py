@@ -140,3 +140,20 @@ async def test_next_batch_waits_for_a_due_group_before_taking_faster_ones():
     assert "task0" not in [g.id for g in first]
     assert second[0].id == "task0" and second[0].trajectories[0].num_turns == 20
     assert met["dropped_stale"] == 0
+
+
+async def test_a_ready_group_that_went_stale_before_it_was_taken_is_reopened():
+    pol = EchoPolicy()
+    cfg = ManagerConfig(num_groups=1, group_size=2, async_ratio=1, batch_size=100)
+    spec = EpisodeSpec(SLEEP, {"turns": 1, "tag": "reopen"}, seed=3)
+    async with EnvManager(cfg, pol) as m:
+        m.start([spec])
+        await _until(lambda: m.metrics()["ready"] == 1)  # complete, version-0 tokens, not taken yet
+        assert m.accepted == 2
+        pol.current_version = 2
+        m.set_version(2)  # both winners are stale now: the group goes back to open and gets two new members
+        g = await asyncio.wait_for(m.next_group(), 10)
+        met = m.metrics()
+        await m.stop()
+    assert [_oldest(t) for t in g.trajectories] == [2, 2]
+    assert met["dropped_stale"] == 2 and met["delivered_groups"] == 1 and m.accepted == 2
