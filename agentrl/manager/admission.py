@@ -52,8 +52,9 @@ Invariants (``tests/manager/test_admission.py`` drives them without the manager)
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -118,11 +119,11 @@ class Admission:
         """Returns the last step at which a group admitted at ``admit_version`` may be trained (None: no bound)."""
         return None if self.alpha is None else admit_version + self.alpha
 
-    def select_batch(self, ready: Sequence[T], running: Sequence[int], n: int, step: int,
+    def select_batch(self, ready: Sequence[T], running: Mapping[int, int], n: int, step: int,
                      admitted: Callable[[T], tuple[int, int]], ended: bool = False) -> list[T] | None:
         """Picks the batch of ``n`` groups for ``step`` (rule 2). ``ready``: finished groups in completion order;
-        ``admitted(g)`` returns ``(admission version, opening order)``; ``running``: the admission versions of the
-        groups still open.
+        ``admitted(g)`` returns ``(admission version, opening order)``; ``running``: how many groups still open were
+        admitted at each version.
 
         Earliest-deadline-first with a capacity of ``n`` groups per step: for every deadline ``d``, the groups due
         by ``d`` must fit into this batch and the ``d − step`` batches after it. The batch takes the fewest groups
@@ -130,34 +131,29 @@ class Admission:
         running it returns None (the caller waits); then it fills up with other finished groups in completion
         order. Returns None while fewer than ``n`` groups are ready; with ``ended`` (nothing more will finish) it
         returns what there is (None if nothing)."""
+        if len(ready) < n and not ended:
+            return None  # the common case while groups finish: nothing to decide yet
         if self.alpha is None:
-            chosen = list(ready[:n])
-            return chosen if chosen and (len(chosen) == n or ended) else None
+            return list(ready[:n]) or None
         a = self.alpha
         by_deadline = sorted(ready, key=admitted)
-        open_dl = sorted(v + a for v in running)
-        deadlines = sorted({admitted(g)[0] + a for g in ready} | set(open_dl))
+        ready_dl = [admitted(g)[0] + a for g in by_deadline]
+        open_dl = sorted((v + a, k) for v, k in running.items() if k > 0)
         must: list[T] = []
-        must_running = ri = oi = 0
-        for d in deadlines:
-            due_by_d = sum(1 for g in ready if admitted(g)[0] + a <= d) + sum(1 for x in open_dl if x <= d)
-            need = due_by_d - max(0, d - step) * n
-            while len(must) + must_running < min(need, n):
-                if ri < len(by_deadline) and admitted(by_deadline[ri])[0] + a <= d:
-                    must.append(by_deadline[ri])
-                    ri += 1
-                elif oi < len(open_dl) and open_dl[oi] <= d:
-                    must_running += 1
-                    oi += 1
+        must_running = 0
+        for d in sorted(set(ready_dl) | {x for x, _ in open_dl}):
+            due_by_d = bisect.bisect_right(ready_dl, d) + sum(k for x, k in open_dl if x <= d)
+            need = min(due_by_d - max(0, d - step) * n, n)
+            while len(must) + must_running < need:
+                if len(must) < len(by_deadline) and ready_dl[len(must)] <= d:
+                    must.append(by_deadline[len(must)])
                 else:
-                    break
+                    must_running += 1  # the rest has to come from groups still running
         if must_running and len(must) < n and not ended:
             return None  # a group that has to be in this batch is still running
         chosen = must[:n]
         taken = {id(g) for g in chosen}
         chosen += [g for g in ready if id(g) not in taken][: n - len(chosen)]
-        if len(chosen) < n and not ended:
-            return None
         return chosen or None
 
     # ---- rule 3: staleness --------------------------------------------------------------------------------------

@@ -92,6 +92,7 @@ class Round:
         self.group_size, self.launch_size, self.target = group_size, launch_size, target
         self.deliver_failed = deliver_failed
         self.open: dict[str, GroupState] = {}
+        self.open_versions: collections.Counter[int] = collections.Counter()  # open groups by admission version
         self.ready: list[GroupState] = []  # complete, not yet taken, in completion order
         self.delivered = 0  # groups that became ready (a target round closes at its target)
         self.exhausted = False
@@ -101,6 +102,14 @@ class Round:
         self.reap: set[asyncio.Task] = set()  # cancelled losers still closing their envs
         self.to_open = to_open  # groups still to open (None: unbounded, continuous mode)
         self.changed = asyncio.Event()
+
+    def add_open(self, g: "GroupState") -> None:
+        self.open[g.key] = g
+        self.open_versions[g.admit_version] += 1
+
+    def remove_open(self, g: "GroupState") -> None:
+        if self.open.pop(g.key, None) is not None:
+            self.open_versions[g.admit_version] -= 1
 
     def next_spec(self) -> EpisodeSpec | None:
         if self.exhausted:
@@ -157,7 +166,7 @@ class GroupBook:
             return None
         gid = spec.group_id or f"{self._prefix}-g{next(self._gcount)}"
         g = GroupState(gid, spec, r, next(r.count), self.admission.admit_version(self.engine_version()))
-        r.open[g.key] = g
+        r.add_open(g)
         for _ in range(r.launch_size):
             self.enqueue(g)
         return g
@@ -235,7 +244,7 @@ class GroupBook:
                 t.add_done_callback(g.round.reap.discard)
 
     def _leave_open(self, g: GroupState, state: str) -> None:
-        g.round.open.pop(g.key, None)
+        g.round.remove_open(g)
         self.held -= len(g.winners)
         g.state = state
 
@@ -315,7 +324,7 @@ class GroupBook:
                     self.counts["delivered_groups"] -= 1
                     adm.discard(len(g.winners))
                     g.state = OPEN
-                    r.open[g.key] = g
+                    r.add_open(g)
                     self.held += len(g.winners)
                     self._drop_stale_winners(g)
 

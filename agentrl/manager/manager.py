@@ -294,8 +294,8 @@ class EnvManager:
                 raise self._fatal
             if ordered:
                 step = self.version
-                chosen = adm.select_batch(r.ready, [g.admit_version for g in r.open.values()], n, step,
-                                          lambda g: (g.admit_version, g.index), ended=r.finished)
+                chosen = adm.select_batch(r.ready, r.open_versions, n, step, lambda g: (g.admit_version, g.index),
+                                          ended=r.finished)
             else:
                 chosen = r.ready[:n] if len(r.ready) >= n or r.finished else None
             if chosen:

@@ -4,6 +4,7 @@ manager."""
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import random
@@ -55,22 +56,22 @@ def test_select_batch_is_earliest_deadline_first_and_waits_only_when_it_must():
     key = {"a0": (0, 0), "b0": (0, 1), "c1": (1, 2), "d1": (1, 3), "e2": (2, 4)}
     admitted = key.__getitem__
     # step 1: groups admitted at 0 are due. One of them still runs: wait even though 2 groups are ready.
-    assert adm.select_batch(["c1", "a0"], [0], 2, 1, admitted) is None
+    assert adm.select_batch(["c1", "a0"], {0: 1}, 2, 1, admitted) is None
     # both due groups ready: they come first (oldest first), whatever the completion order
-    assert adm.select_batch(["c1", "d1", "b0", "a0"], [], 2, 1, admitted) == ["a0", "b0"]
+    assert adm.select_batch(["c1", "d1", "b0", "a0"], {}, 2, 1, admitted) == ["a0", "b0"]
     # one due group ready, none running: it first, then completion order
-    assert adm.select_batch(["d1", "c1", "b0"], [], 2, 1, admitted) == ["b0", "d1"]
+    assert adm.select_batch(["d1", "c1", "b0"], {}, 2, 1, admitted) == ["b0", "d1"]
     # step 0: nothing due now, but 3 groups are due by step 1 and a batch holds 2: one of them must go now; a
     # finished one does (no waiting for the running ones), then completion order fills up
-    assert adm.select_batch(["e2", "b0"], [0, 0], 2, 0, admitted) == ["b0", "e2"]
+    assert adm.select_batch(["e2", "b0"], {0: 2}, 2, 0, admitted) == ["b0", "e2"]
     # ... and when none of them has finished, the batch waits for one
-    assert adm.select_batch(["e2", "c1"], [0, 0, 0], 2, 0, admitted) is None
+    assert adm.select_batch(["e2", "c1"], {0: 3}, 2, 0, admitted) is None
     # not enough ready: wait, unless nothing more can finish
-    assert adm.select_batch(["c1"], [], 2, 1, admitted) is None
-    assert adm.select_batch(["c1"], [], 2, 1, admitted, ended=True) == ["c1"]
-    assert adm.select_batch([], [], 2, 1, admitted, ended=True) is None
+    assert adm.select_batch(["c1"], {}, 2, 1, admitted) is None
+    assert adm.select_batch(["c1"], {}, 2, 1, admitted, ended=True) == ["c1"]
+    assert adm.select_batch([], {}, 2, 1, admitted, ended=True) is None
     # without alpha nothing is ever due: completion order
-    assert Admission(None, 4).select_batch(["d1", "a0"], [0], 1, 9, admitted) == ["d1"]
+    assert Admission(None, 4).select_batch(["d1", "a0"], {0: 1}, 1, 9, admitted) == ["d1"]
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -151,8 +152,8 @@ def simulate(alpha: int, num_groups: int, group_size: int, steps: int, *, sync_e
             due = sum(g.admit + alpha <= v for g in [*open_groups.values(), *ready])
             out.max_due = max(out.max_due, due)
             if rule == "deadline":
-                chosen = adm.select_batch(ready, [g.admit for g in open_groups.values()], num_groups, v,
-                                          lambda g: (g.admit, g.index))
+                by_version = collections.Counter(g.admit for g in open_groups.values())
+                chosen = adm.select_batch(ready, by_version, num_groups, v, lambda g: (g.admit, g.index))
             else:
                 chosen = ready[:num_groups] if len(ready) >= num_groups else None
             if chosen:
