@@ -67,7 +67,9 @@ def warm_model(args) -> Path:
 def run(args, name: str, overrides: list[str], steps: int) -> dict:
     """Runs (or reuses) one training run; returns its per-step rows and summary."""
     run_dir = Path(args.out) / "runs" / name
-    if not (run_dir / "summary.json").exists():
+    for attempt in range(1, 4):
+        if (run_dir / "summary.json").exists():
+            break
         if run_dir.exists():
             import shutil
 
@@ -75,9 +77,15 @@ def run(args, name: str, overrides: list[str], steps: int) -> dict:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         load0 = os.getloadavg()[0]
         t0 = time.perf_counter()
-        _cli([str(QUICKSTART), f"run_dir={run_dir}", f"steps={steps}", f"engine.model={args.model}",
-              "warm_start.episodes=0", "progress=false", "tensorboard=false", f"checkpoint_every={steps}",
-              *overrides], Path(args.out) / "runs" / f"{name}.log")
+        try:
+            _cli([str(QUICKSTART), f"run_dir={run_dir}", f"steps={steps}", f"engine.model={args.model}",
+                  "warm_start.episodes=0", "progress=false", "tensorboard=false", f"checkpoint_every={steps}",
+                  *overrides], Path(args.out) / "runs" / f"{name}.log")
+        except RuntimeError as e:  # e.g. Ray's node start timing out on an overloaded machine: try again
+            if attempt == 3:
+                raise
+            print(f"  {name}: attempt {attempt} failed ({e}); retrying", flush=True)
+            continue
         (run_dir / "bench.json").write_text(json.dumps({"wall_s": time.perf_counter() - t0, "load_start": load0,
                                                         "load_end": os.getloadavg()[0]}))
         print(f"  {name}: done", flush=True)
