@@ -43,7 +43,9 @@ LOSSES = {
 
 def _cli(args: list[str], log: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    with open(log, "w") as f:
+    with open(log, "a") as f:  # appended: a retried run keeps the log of the attempt that failed
+        f.write(f"\n==== {time.strftime('%H:%M:%S')} agentrl train {' '.join(args)}\n")
+        f.flush()
         p = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", *args], cwd=ROOT, env=env, stdout=f,
                            stderr=subprocess.STDOUT)
     if p.returncode != 0:
