@@ -42,11 +42,12 @@ fastest members by design, so it biases a batch toward short episodes: leave ``e
 matters.
 
 Admission, deadlines and staleness (``async_ratio`` α; :mod:`agentrl.manager.admission` states the rules and their
-invariants): a group is opened only while ``accepted + running + held + queued`` plus its members stays within
-``(α + a + 1)·B``, where ``a`` is the smaller of the trainer's version (:meth:`EnvManager.set_version`) and the
-engine's (``policy.version``); a group admitted at ``a`` is due at step ``a + α`` and :meth:`EnvManager.next_batch`
-waits for due groups before filling up in completion order, so no token a trainer sees is more than α versions old
-and nothing has to be cancelled for being slow. Episodes, held winners or ready groups that became stale anyway
+invariants): a group is opened only while ``accepted`` plus ``group_size`` for every open group and for the new one
+stays within ``(α + a + 1)·B`` (AReaL's ``accepted + running < (α + v + 1)·B``, counted in whole groups), where ``a``
+is the smaller of the trainer's version (:meth:`EnvManager.set_version`) and the engine's (``policy.version``); a
+group admitted at ``a`` is due at step ``a + α`` and :meth:`EnvManager.next_batch` schedules batches earliest
+deadline first (waiting for a running group only when a deadline needs it), so no token a trainer sees is more than
+α versions old and nothing has to be cancelled for being slow. Episodes, held winners or ready groups that became stale anyway
 (tokens older than ``v − α``, e.g. after ``discard``) are cancelled (``stale_policy: cancel``) or dropped at their
 end (``drop``), counted in ``dropped_stale``, replaced within their group and charged to its failure budget.
 Plain episode runs (``run_episodes``) ignore α.
