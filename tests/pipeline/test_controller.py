@@ -133,3 +133,18 @@ def test_task_ledger_accounts_for_every_task():
     assert led.state() == {"next_task": 7, "open_tasks": [1, 6]}
     led2 = TaskLedger(env, next_task=7, replay=[1, 6])
     assert led2.state()["open_tasks"] == [1, 6]  # not yet replayed: still open
+
+
+async def test_weights_synced_every_second_step_at_alpha_1_waste_no_episode(tmp_path):
+    # The engine lags the trainer by one version every other step; admission counts the engine's version, so no
+    # episode is admitted that would be stale by the time it is trained (before: 77-81 started for 48 trained, 9-11
+    # cancelled as stale and 5-8 queued groups dropped; now 56: the 48 trained and the next batch).
+    cfg = _cfg(tmp_path, steps=12, async_ratio=1, sync_every=2, checkpoint_every=1000,
+               manager=ManagerConfig(num_groups=2, group_size=2),
+               env_kwargs={"turns": 3, "step_latency": 0.005, "latency_sigma": 0.005})
+    trainer = FakeTrainer(train_s=0.02)
+    rows, _ = await _run(cfg, trainer)
+    last = rows[-1]
+    assert trainer.max_staleness <= 1
+    assert last["manager/dropped_stale"] == 0 and last["manager/cancelled"] == 0
+    assert last["manager/started"] <= 12 * 4 + 2 * 4  # trained, plus at most (alpha + 1) batches in flight
