@@ -73,7 +73,7 @@ attribute with that value before the policy's first ``act`` (tool schemas for th
 
 Modules: :mod:`~agentrl.manager.config` (inputs), :mod:`~agentrl.manager.admission` (the admission policy),
 :mod:`~agentrl.manager.groups` (group bookkeeping), :mod:`~agentrl.manager.episode` (one episode's lifecycle),
-:mod:`~agentrl.manager.manager` (:class:`EnvManager`: workers, producers, metrics).
+:mod:`~agentrl.manager.pool` (env workers), :mod:`~agentrl.manager.manager` (:class:`EnvManager`: producers, metrics).
 """
 
 from agentrl.manager.admission import Admission

@@ -1,17 +1,17 @@
-""":class:`EnvManager`: env workers, producers (batches, episode streams, continuous runs), admission pumping,
-version changes and metrics. The rules live in :mod:`agentrl.manager.admission`, the group bookkeeping in
-:mod:`agentrl.manager.groups` and one episode's body in :mod:`agentrl.manager.episode`; the package docstring
-(:mod:`agentrl.manager`) describes the behaviour as a user sees it.
+""":class:`EnvManager`: producers (batches, episode streams, continuous runs), admission pumping, version changes
+and metrics. The rules live in :mod:`agentrl.manager.admission`, the group bookkeeping in
+:mod:`agentrl.manager.groups`, one episode's body in :mod:`agentrl.manager.episode` and the env workers in
+:mod:`agentrl.manager.pool`; the package docstring (:mod:`agentrl.manager`) describes the behaviour as a user sees it.
 
 Invariant of the pump: episodes start only while ``running < max_concurrency``, and a group is opened only when
 :meth:`agentrl.manager.admission.Admission.fits` says so (whole groups at once, so that partly admitted groups can
-never deadlock; an open group reserves ``group_size`` trajectories). Every state change that could let a waiting consumer proceed wakes the round.
+never deadlock; an open group reserves ``group_size`` trajectories). Every state change that could let a waiting
+consumer proceed wakes the round.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 import uuid
 from typing import Any, AsyncIterator, Iterable
@@ -22,9 +22,10 @@ from agentrl.manager.admission import Admission
 from agentrl.manager.config import EpisodeSpec, ManagerConfig, ManagerError, TaskSource
 from agentrl.manager.episode import EpisodeRunner, StaleEpisode
 from agentrl.manager.groups import OPEN, Episode, GroupBook, GroupState, Round
+from agentrl.manager.pool import WorkerPool
 from agentrl.policy import Policy
 from agentrl.trajectory import Group, Trajectory
-from agentrl.workers import EnvWorker, LocalWorker, RayWorker
+from agentrl.workers import EnvWorker
 
 _COUNTERS = ("started", "finished", "cancelled", "failed", "dropped_stale", "rescheduled", "replaced", "surplus",
              "delivered_groups", "failed_groups", "env_steps", "policy_calls", "worker_deaths")
@@ -37,20 +38,16 @@ class EnvManager:
         config.validate()  # raises ValueError naming the bad field
         self.cfg = config
         self.policy = policy
-        self.workers: list[EnvWorker] = []
-        self._started = False
-        self._ray_started = False
-        self._prefix = uuid.uuid4().hex[:6]
-        self._wcount = itertools.count()
+        prefix = uuid.uuid4().hex[:6]
         self.counts = dict.fromkeys(_COUNTERS, 0)
         self.admission = Admission(config.async_ratio, config.batch_size or config.num_groups * config.group_size)
-        self._book = GroupBook(config, self.admission, self.counts, self._engine_version, self._cancel, self._prefix)
+        self._pool = WorkerPool(config, prefix, self.counts, self._pump, self._set_fatal)
+        self._book = GroupBook(config, self.admission, self.counts, self._engine_version, self._cancel, prefix)
         self._runner = EpisodeRunner(config, policy, self.counts, self._check_tokens)
         self._running: set[Episode] = set()
         self._round: Round | None = None
         self._cround: Round | None = None  # the last continuous run (kept after stop() so next_group ends cleanly)
         self._fatal: ManagerError | None = None
-        self._bg: set[asyncio.Task] = set()
         self.max_running = 0
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
@@ -61,48 +58,19 @@ class EnvManager:
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
+    @property
+    def workers(self) -> list[EnvWorker]:
+        """The env workers (:class:`~agentrl.workers.EnvWorker`), started by :meth:`start_workers`."""
+        return self._pool.workers
+
     async def start_workers(self) -> None:
         """Starts the env workers (and a local Ray when ``workers > 0`` and Ray is not initialised)."""
-        if self._started:
-            return
-        self._started = True
-        if self.cfg.workers == 0:
-            self.workers = [LocalWorker("local", self.cfg.worker_imports)]
-            return
-        import ray
-
-        if not ray.is_initialized():
-            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-            if self.cfg.ray_address:
-                kw["address"] = self.cfg.ray_address
-            elif self.cfg.ray_num_cpus is not None:
-                kw["num_cpus"] = self.cfg.ray_num_cpus
-            ray.init(**kw)
-            self._ray_started = True
-        new = [self._new_ray_worker() for _ in range(self.cfg.workers)]
-        await asyncio.gather(*(w.start() for w in new))
-        self.workers = new
-
-    def _new_ray_worker(self) -> RayWorker:
-        w = RayWorker(f"envw-{self._prefix}-{next(self._wcount)}", self.cfg.worker_imports, self.cfg.sync_env_threads,
-                      self.cfg.worker_num_cpus, self.cfg.rpc_grace_s, batch_window_s=self.cfg.rpc_batch_window_s)
-        w.on_death = self._on_worker_death
-        return w
+        await self._pool.start()
 
     async def aclose(self) -> None:
         """Stops any producer, closes every env and worker, and shuts Ray down if the manager started it."""
         await self.stop()
-        for t in list(self._bg):
-            t.cancel()
-        await asyncio.gather(*self._bg, return_exceptions=True)
-        await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
-        self.workers = []
-        self._started = False
-        if self._ray_started:
-            import ray
-
-            ray.shutdown()
-            self._ray_started = False
+        await self._pool.close()
 
     # ---- versions and admission ------------------------------------------------------------------------------
     def _engine_version(self) -> int:
@@ -180,7 +148,7 @@ class EnvManager:
         return self.admission.fits(reserved, r.group_size, self._engine_version())
 
     def _live_workers(self) -> list[EnvWorker]:
-        return [w for w in self.workers if w.alive]
+        return self._pool.live()
 
     def _pump(self) -> None:
         """Opens groups while admission allows and starts queued episodes while ``running < max_concurrency``."""
@@ -239,32 +207,11 @@ class EnvManager:
         self._pump()
         ep.group.round.wake()
 
-    # ---- workers ---------------------------------------------------------------------------------------------
-    def _on_worker_death(self, worker: EnvWorker, cause: str) -> None:
-        self.counts["worker_deaths"] += 1
-        if self.cfg.restart_dead_workers and self._started:
-            t = asyncio.ensure_future(self._restart_worker(worker))
-            self._bg.add(t)
-            t.add_done_callback(self._bg.discard)
-        elif not self._live_workers():
-            self._set_fatal(ManagerError(f"every env worker died (last: {worker.name}: {cause})"))
-
-    async def _restart_worker(self, dead: EnvWorker) -> None:
-        w = self._new_ray_worker()
-        try:
-            await w.start()
-        except Exception as e:
-            if not self._live_workers():
-                self._set_fatal(ManagerError(f"cannot restart env worker {dead.name}: {e!r}"))
-            return
-        self.workers = [x for x in self.workers if x is not dead] + [w]
-        self._pump()
-
+    # ---- producers -------------------------------------------------------------------------------------------
     def _set_fatal(self, err: ManagerError) -> None:
         self._fatal = err
         self._wake()
 
-    # ---- producers -------------------------------------------------------------------------------------------
     def _begin(self, r: Round) -> None:
         if self._round is not None:
             raise ManagerError("another producer (collect_groups / run_episodes / start) is active; stop it first")
@@ -367,7 +314,7 @@ class EnvManager:
     def start(self, task_source: TaskSource) -> None:
         """Starts continuous production: groups are admitted while the admission rule allows and taken with
         :meth:`next_batch` / :meth:`next_group` / :meth:`groups`, until :meth:`stop`."""
-        if not self._started:
+        if not self._pool.started:
             raise ManagerError("call `await manager.start_workers()` (or use `async with`) before start()")
         gs = self.cfg.group_size
         r = Round(task_source, gs, gs + self.cfg.extra_per_group, None, deliver_failed=False, to_open=None)
