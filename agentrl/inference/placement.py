@@ -18,12 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.config import ConfigError
 from agentrl.inference.config import EngineConfig
 
 _EPS = 1e-9
 
 
-class ResourceError(ValueError):
+class ResourceError(ConfigError):
     """The Ray cluster cannot host what the config asks for."""
 
 

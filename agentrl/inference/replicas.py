@@ -142,6 +142,45 @@ class EngineReplica:
 EngineReplicaActor = ray.remote(EngineReplica)
 
 
+def place_replicas(cfg: EngineConfig, pg: Any, gpus: bool) -> list[Any]:
+    """Starts ``cfg.replicas`` :class:`EngineReplica` actors, actor ``i`` in bundle ``i`` of ``pg`` (no engine
+    yet: :meth:`EngineReplica.start` loads the model)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    opts: dict[str, Any] = {"num_cpus": cfg.num_cpus, "max_concurrency": 10_000}
+    if cfg.resources:
+        opts["resources"] = dict(cfg.resources)
+    if gpus:
+        opts["num_gpus"] = cfg.tensor_parallel_size
+    return [EngineReplicaActor.options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i), **opts).remote(i)
+        for i in range(cfg.replicas)]
+
+
+def thread_binding(infos: list[dict[str, Any]], gpus: bool) -> list[dict[str, str]]:
+    """Per replica (``infos``: :meth:`EngineReplica.node_info` of each), the environment its engine starts with:
+    on CPU hosts with several replicas on one node, ``VLLM_CPU_OMP_THREADS_BIND`` = its share of the node's cores
+    (``nobind`` if fewer cores than replicas); one replica on a node keeps vLLM's own binding. A value set in this
+    process's environment wins."""
+    envs: list[dict[str, str]] = [{} for _ in infos]
+    if gpus:
+        return envs
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return [{"VLLM_CPU_OMP_THREADS_BIND": os.environ["VLLM_CPU_OMP_THREADS_BIND"]} for _ in infos]
+    by_node: dict[str, list[int]] = defaultdict(list)
+    for i, info in enumerate(infos):
+        by_node[info["node_id"]].append(i)
+    for idxs in by_node.values():
+        if len(idxs) < 2:
+            continue
+        cores = infos[idxs[0]]["cores"]
+        share = len(cores) // len(idxs)
+        for j, i in enumerate(idxs):
+            envs[i]["VLLM_CPU_OMP_THREADS_BIND"] = (",".join(str(c) for c in cores[j * share:(j + 1) * share])
+                                                    if share >= 1 else "nobind")
+    return envs
+
+
 class ReplicaWeightSyncClient:
     """vLLM's ``VLLMWeightSyncClient`` protocol over the replicas (picklable; used in the trainer's sender).
 
@@ -194,7 +233,9 @@ class ReplicatedEngine(InferenceEngine):
         if cfg.backend != "vllm":
             raise ValueError(f"ReplicatedEngine needs backend='vllm', got {cfg.backend!r}")
         self.cfg = cfg
-        self.model_path = cfg.resolved_model()
+        path = cfg.resolved_model()
+        # Replicas may run in another working directory: hand them an absolute path when it is a local one.
+        self.model_path = os.path.abspath(path) if os.path.exists(path) else path
         self.max_model_len = cfg.max_model_len
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
@@ -222,44 +263,14 @@ class ReplicatedEngine(InferenceEngine):
         return await asyncio.to_thread(cls, cfg)
 
     def _start(self) -> None:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         cfg = self.cfg
-        opts: dict[str, Any] = {"num_cpus": cfg.num_cpus, "max_concurrency": 10_000,
-                                "resources": dict(cfg.resources) or None}
-        if self.gpus:
-            opts["num_gpus"] = cfg.tensor_parallel_size
-        for i in range(cfg.replicas):
-            strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
-            self.replicas.append(EngineReplicaActor.options(scheduling_strategy=strategy, **opts).remote(i))
+        self.replicas = place_replicas(cfg, self.pg, self.gpus)
         infos = ray.get([r.node_info.remote() for r in self.replicas], timeout=cfg.start_timeout_s)
         self.nodes = [info["node_id"] for info in infos]
-        envs = self._thread_binding(infos)
+        envs = thread_binding(infos, self.gpus)
         model = dataclasses.replace(cfg, model=self.model_path)
         self.start_times_s: list[float] = ray.get([r.start.remote(model, envs[i]) for i, r in enumerate(self.replicas)],
                                                   timeout=cfg.start_timeout_s)
-
-    def _thread_binding(self, infos: list[dict[str, Any]]) -> list[dict[str, str]]:
-        """Per replica, the environment its engine starts with: on CPU hosts with several replicas on one node,
-        ``VLLM_CPU_OMP_THREADS_BIND`` = its share of the node's cores (``nobind`` if fewer cores than replicas).
-        A value set in this process's environment wins."""
-        envs: list[dict[str, str]] = [{} for _ in infos]
-        if self.gpus:
-            return envs
-        if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
-            return [{"VLLM_CPU_OMP_THREADS_BIND": os.environ["VLLM_CPU_OMP_THREADS_BIND"]} for _ in infos]
-        by_node: dict[str, list[int]] = defaultdict(list)
-        for i, info in enumerate(infos):
-            by_node[info["node_id"]].append(i)
-        for idxs in by_node.values():
-            if len(idxs) < 2:
-                continue  # one replica on the node: vLLM's own binding
-            cores = infos[idxs[0]]["cores"]
-            share = len(cores) // len(idxs)
-            for j, i in enumerate(idxs):
-                envs[i]["VLLM_CPU_OMP_THREADS_BIND"] = (",".join(str(c) for c in cores[j * share:(j + 1) * share])
-                                                        if share >= 1 else "nobind")
-        return envs
 
     # ---- InferenceEngine ------------------------------------------------------------------------------------
     @property
