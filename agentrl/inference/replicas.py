@@ -437,10 +437,13 @@ class ReplicatedEngine(InferenceEngine):
         from ray.util.placement_group import remove_placement_group
 
         if self.replicas:
-            try:
-                ray.get([r.close.remote() for r in self.replicas], timeout=60)
-            except Exception:
-                pass
+            # Engine first (vLLM stops its engine-core process), then the actor; a dead replica just fails its close.
+            refs = [r.close.remote() for r in self.replicas]
+            for ref in refs:
+                try:
+                    ray.get(ref, timeout=60)
+                except Exception:
+                    pass
             for r in self.replicas:
                 try:
                     ray.kill(r, no_restart=True)
