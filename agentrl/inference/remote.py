@@ -225,6 +225,7 @@ class RemoteEngine(InferenceEngine):
             "top_k": params.top_k if params.top_k > 0 else 0,
             "logprobs": 0,  # the sampled token's log-probability only
             "ignore_eos": params.ignore_eos,
+            "skip_special_tokens": False,  # stop strings may be special tokens (e.g. "<|im_end|>")
         }
         if params.stop:
             sp["stop"] = list(params.stop)

@@ -109,7 +109,7 @@ class EngineReplica:
 
     def check_update(self, update_info: dict[str, Any]) -> None:
         """Raises ValueError unless ``update_info`` names exactly the served checkpoint's tensors, shapes equal."""
-        from agentrl.inference.weights import checkpoint_schema, tied_embeddings
+        from agentrl.inference.weights import check_shapes, checkpoint_schema, tied_embeddings
 
         schema = checkpoint_schema(self.engine.model_path)
         if schema is None:
@@ -117,15 +117,7 @@ class EngineReplica:
         got = {n: tuple(s) for n, s in zip(update_info["names"], update_info["shapes"])}
         if tied_embeddings(self.engine.model_path) and "lm_head.weight" not in schema:
             got.pop("lm_head.weight", None)
-        problems = []
-        if set(got) - set(schema):
-            problems.append(f"unknown tensors {sorted(set(got) - set(schema))[:5]}")
-        if set(schema) - set(got):
-            problems.append(f"missing tensors {sorted(set(schema) - set(got))[:5]}")
-        problems += [f"{n}: shape {got[n]} != checkpoint shape {schema[n]}" for n in sorted(set(got) & set(schema))
-                     if got[n] != schema[n]]
-        if problems:
-            raise ValueError("weight update does not fit the served model: " + "; ".join(problems))
+        check_shapes(got, schema)
 
     # extras
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:

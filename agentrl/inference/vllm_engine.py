@@ -11,8 +11,11 @@ into one version per token. A weight update sets the label between ``pause`` and
 the version of the weights that computed it.
 
 Weights: :meth:`VLLMEngine.update_weights` serializes the state dict with safetensors and calls the worker
-extension :class:`agentrl.inference.vllm_worker.WeightSyncExtension` through ``collective_rpc`` (works on CPU and
-GPU; vLLM 0.32's own weight-transfer engines are NCCL/CUDA-IPC only).
+extension :class:`agentrl.inference.vllm_worker.WeightSyncExtension` through ``collective_rpc`` (CPU and GPU). The
+same update is also available in phases (``pause`` -> ``load_prepared`` -> ``commit``) for a caller that drives
+several engines at once (:mod:`agentrl.inference.replicas`), and, with ``weight_sync: nccl|gloo``, as vLLM's
+weight-transfer phases (``init_weight_transfer``, ``start_weight_update``, ``receive_weights``,
+``finish_weight_update``, then ``commit``) for a trainer that broadcasts (:mod:`agentrl.inference.weight_transfer`).
 """
 
 from __future__ import annotations
