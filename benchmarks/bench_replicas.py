@@ -12,6 +12,13 @@ per-pair ratios; the load average is read before and after each configuration.
 
     .venv/bin/python benchmarks/bench_replicas.py                       # markdown table on stdout
     .venv/bin/python benchmarks/bench_replicas.py --episodes 32 --repeats 1 --json out.json
+    .venv/bin/python benchmarks/bench_replicas.py --configs 2-replicas --replica-bind nobind
+    .venv/bin/python benchmarks/bench_replicas.py --hidden 1024 --layers 8   # a model whose compute dominates
+
+``--replica-bind``: ``split`` (what ``ReplicatedEngine`` does: the replicas of a node split its cores) or
+``nobind`` (``VLLM_CPU_OMP_THREADS_BIND=nobind`` for the replicas: the OS schedules their threads). The in-driver
+engine always uses vLLM's own binding. ``--hidden``/``--layers`` build a bigger random model of the tiny model's
+family into a temporary directory (the default is the tiny model itself, whose decode step is all overhead).
 """
 
 from __future__ import annotations
@@ -105,7 +112,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.inference.vllm_engine import VLLMEngine
     from agentrl.models import ensure_tiny_model
 
-    model = args.model or str(ensure_tiny_model())
+    tmp = None
+    if args.hidden or args.layers:
+        import tempfile
+
+        from agentrl.models.tiny import TinyModelSpec, build_tiny_model
+
+        tmp = tempfile.TemporaryDirectory(prefix="agentrl-bench-model-")
+        spec = TinyModelSpec(hidden_size=args.hidden or 128, intermediate_size=3 * (args.hidden or 128),
+                             num_hidden_layers=args.layers or 2, num_attention_heads=max(2, (args.hidden or 128) // 64))
+        model = str(build_tiny_model(tmp.name, spec=spec))
+    else:
+        model = args.model or str(ensure_tiny_model())
     tok = AutoTokenizer.from_pretrained(model)
     base = EngineConfig(model=model, max_model_len=max(1024, 64 + args.turns * (args.tokens + 48)),
                         max_num_seqs=max(args.episodes, 16))
@@ -114,6 +132,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "1-actor": lambda: ReplicatedEngine(base),  # replicas: 1, but in a Ray actor
         "2-replicas": lambda: ReplicatedEngine(dataclasses.replace(base, replicas=2)),
     }
+    if args.replica_bind == "nobind":
+        # Read by ReplicatedEngine when it starts the replicas (the in-driver engine is started before this).
+        def with_nobind(make: Any) -> Any:
+            def run() -> Any:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+                try:
+                    return make()
+                finally:
+                    del os.environ["VLLM_CPU_OMP_THREADS_BIND"]
+            return run
+
+        others = {k: with_nobind(v) for k, v in others.items()}
     out: list[dict[str, Any]] = []
     ref_rounds: list[dict[str, float]] = []
     load0 = loadavg()
@@ -140,15 +170,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await driver.close()
         ray.shutdown()
+        if tmp is not None:
+            tmp.cleanup()
     out.insert(0, summary("in-driver", driver_start, ref_rounds, (load0, loadavg()), None))
     return {"episodes": args.episodes, "turns": args.turns, "tokens_per_turn": args.tokens, "repeats": args.repeats,
-            "cores": os.cpu_count(), "results": out}
+            "cores": os.cpu_count(), "replica_bind": args.replica_bind, "model": model if tmp is None else
+            f"random Qwen2, hidden {args.hidden or 128}, {args.layers or 2} layers", "results": out}
 
 
 def table(res: dict[str, Any]) -> str:
     lines = [f"{res['episodes']} episodes x {res['turns']} turns x {res['tokens_per_turn']} tokens "
              f"({res['results'][0]['tokens_per_round']} generated tokens per round), {res['repeats']} rounds, "
-             f"{res['cores']} cores", "",
+             f"{res['cores']} cores, model {res['model']}, replica binding {res['replica_bind']}", "",
              "| engine | start (s) | rollout tok/s, median (min-max) | vs in-driver (median of paired rounds) | load avg before / after |",
              "| --- | --- | --- | --- | --- |"]
     for r in res["results"]:
@@ -168,6 +201,9 @@ def main() -> int:
     p.add_argument("--ray-cpus", type=int, default=None, help="Ray's logical CPUs (default: the machine's cores)")
     p.add_argument("--configs", nargs="+", default=["1-actor", "2-replicas"], choices=["1-actor", "2-replicas"],
                    help="compared with the in-driver engine, which runs throughout")
+    p.add_argument("--replica-bind", choices=["split", "nobind"], default="split")
+    p.add_argument("--hidden", type=int, default=0, help="build a random model with this hidden size (default: tiny)")
+    p.add_argument("--layers", type=int, default=0, help="... and this many layers")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     res = asyncio.run(main_async(args))

@@ -15,8 +15,9 @@ Invariants:
   died) keeps exact versions: each turn's tokens carry the labels of the replica that made them.
 - Updates cover all replicas: :meth:`ReplicatedEngine.update_weights` checks the state dict on every replica
   (a bad one raises before anything pauses), pauses all, loads on all, then labels and resumes all. Between pause
-  and resume no replica generates. A replica whose load fails is taken out of routing (its weights are in an
-  unknown state) and the update raises :class:`EngineReplicaError`; the others continue at the new version.
+  and resume no replica generates. A replica that dies or fails a phase is retired (out of routing for good: its
+  weights are in an unknown state) with a warning, and the others go on at the new version;
+  :class:`EngineReplicaError` only when no replica is left.
 - The broadcast path (``weight_sync: nccl|gloo``) keeps the same shape: the trainer's sender pauses, fills and
   finishes every replica through :meth:`ReplicatedEngine.weight_sync_client`; the driver labels and resumes them
   with :meth:`ReplicatedEngine.commit_weight_update` (:mod:`agentrl.inference.weight_transfer`).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 from collections import defaultdict
 from typing import Any
@@ -37,6 +39,9 @@ import ray
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.router import Router
+
+
+log = logging.getLogger("agentrl.inference")
 
 
 class EngineReplicaError(RuntimeError):
@@ -281,9 +286,15 @@ class ReplicatedEngine(InferenceEngine):
             self.router.mark_unhealthy(i)
         raise EngineReplicaError("no engine replica is alive")
 
-    def _retire(self, i: int) -> None:
+    def _retire(self, i: int, *, kill: bool = False) -> None:
+        """Takes replica ``i`` out of routing for good (``kill``: also stops its actor, freeing its resources)."""
         self.alive[i] = False
         self.router.mark_unhealthy(i)
+        if kill:
+            try:
+                ray.kill(self.replicas[i], no_restart=True)
+            except Exception:
+                pass
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None
@@ -330,20 +341,29 @@ class ReplicatedEngine(InferenceEngine):
             raise ValueError(f"pause_mode must be 'abort' or 'keep', got {mode!r}")
         ref = ray.put(state_dict)
         async with self._update_lock():
-            live = self._live()
-            await asyncio.gather(*[self.replicas[i].prepare.remote(ref) for i in live])
-            await asyncio.gather(*[self.replicas[i].pause.remote(mode) for i in live])
-            loaded = await asyncio.gather(*[self.replicas[i].load_prepared.remote() for i in live],
-                                          return_exceptions=True)
-            failed = [i for i, r in zip(live, loaded) if isinstance(r, BaseException)]
-            for i in failed:
-                self._retire(i)
-            await asyncio.gather(*[self.replicas[i].commit.remote(version) for i in self._live()])
-            if self._live():
-                self._version = version
-            if failed:
-                raise EngineReplicaError(f"weight update to version {version} failed on replica(s) {failed} (taken out "
-                                         f"of routing): {[str(r) for r in loaded if isinstance(r, BaseException)][:2]}")
+            # Check on every replica first: a bad state dict raises here, before anything pauses.
+            await self._each("prepare", lambda i: self.replicas[i].prepare.remote(ref), raise_errors=True)
+            await self._each("pause", lambda i: self.replicas[i].pause.remote(mode))
+            await self._each("load", lambda i: self.replicas[i].load_prepared.remote())
+            await self._each("commit", lambda i: self.replicas[i].commit.remote(version))
+            self._version = version
+
+    async def _each(self, phase: str, call: Any, *, raise_errors: bool = False) -> None:
+        """Runs ``call(i)`` on every live replica at once. A replica that dies, or fails a phase after the pause
+        (its weights are then in an unknown state), is retired and the others go on; raises
+        :class:`EngineReplicaError` when none is left. With ``raise_errors`` (the check before pausing), an error
+        of a live replica is raised as is."""
+        live = self._live()
+        results = await asyncio.gather(*[call(i) for i in live], return_exceptions=True)
+        for i, r in zip(live, results):
+            if not isinstance(r, BaseException):
+                continue
+            if raise_errors and not isinstance(r, ray.exceptions.RayActorError):
+                raise r
+            log.warning("engine replica %d failed the %s phase of a weight update and is retired: %s", i, phase, r)
+            self._retire(i, kill=True)
+        if not self._live():
+            raise EngineReplicaError(f"weight update: every engine replica failed (last phase: {phase})")
 
     def _update_lock(self) -> asyncio.Lock:
         if self._lock is None:
@@ -374,7 +394,7 @@ class ReplicatedEngine(InferenceEngine):
         if not isinstance(version, int) or isinstance(version, bool):
             raise TypeError(f"version must be an int, got {type(version).__name__}")
         async with self._update_lock():
-            await asyncio.gather(*[self.replicas[i].commit.remote(version) for i in self._live()])
+            await self._each("commit", lambda i: self.replicas[i].commit.remote(version))
             self._version = version
 
     def _require_broadcast(self) -> None:
