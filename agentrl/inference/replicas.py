@@ -96,9 +96,6 @@ class EngineReplica:
     async def commit(self, version: int) -> None:
         await self.engine.commit(version)
 
-    async def resume(self) -> None:
-        await self.engine.resume()
-
     # broadcast path (vLLM weight-transfer engines)
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         await self.engine.init_weight_transfer(init_info)

@@ -322,10 +322,6 @@ class VLLMEngine(InferenceEngine):
 
         await self._on_engine(run())
 
-    async def resume(self) -> None:
-        """Resumes generation without relabelling (after a failed update)."""
-        await self._on_engine(self._llm.resume_generation())
-
     # ---- vLLM's weight-transfer engines (cfg.weight_sync "nccl" / "gloo"): the trainer broadcasts -------------
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         """Joins the trainer's broadcast group (``init_info``: the backend's worker init info; blocks until the

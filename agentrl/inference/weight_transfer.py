@@ -27,6 +27,11 @@ Who calls what (the trainer half is wired by the trainer; the engine half is
 returns); ``ModuleSource(model)`` for an unwrapped HF model, and it gathers FSDP ``DTensor`` shards itself.
 Replicas stay paused from ``send_weights``' start to ``commit_weight_update``, so no token is ever labelled with a
 version its weights do not have. Until ``commit_weight_update`` returns, ``engine.version`` is the old version.
+If ``send_weights`` raises half-way, the replicas stay paused with partly loaded weights (never served under any
+label): stop the run; ``--resume`` starts fresh engines and loads the checkpoint's weights. Names and shapes are
+checked against the served checkpoint before anything pauses (:meth:`ReplicaWeightSyncClient.check_update
+<agentrl.inference.replicas.ReplicaWeightSyncClient.check_update>`, called by the gloo sender; vLLM's NCCL sender
+does not call it, so call it yourself with :func:`update_info` of your source's metadata to get the same check).
 """
 
 from __future__ import annotations
