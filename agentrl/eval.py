@@ -98,8 +98,9 @@ class EnvEntry:
 class PolicyConfig:
     """What acts. ``kind``: ``oracle`` (the env's scripted solver: ground truth for BFCL and SWE), ``empty`` (answers
     nothing, or the env's own empty policy), ``vllm`` (in-process engine over ``model``, a HF model dir; the tiny
-    model when unset), ``remote`` (OpenAI-compatible vLLM servers at ``endpoint``; ``model`` is the name they serve
-    and, unless ``engine.tokenizer`` is set, the tokenizer directory, needed for token-in/token-out). ``name`` is the
+    model when unset), ``remote`` (vLLM servers started with ``--enable-scale-out`` at ``endpoint``; ``model`` is
+    the name they serve and, unless ``engine.tokenizer`` is set, the tokenizer directory, needed for
+    token-in/token-out). ``name`` is the
     ``model_name_or_path`` of predictions. ``engine`` holds ``agentrl.inference.config.EngineConfig`` fields,
     ``rollout`` ``agentrl.rollout.RolloutConfig`` fields (both checked when the policy is built)."""
 

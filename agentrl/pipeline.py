@@ -173,6 +173,17 @@ async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer
 
 
 # --------------------------------------------------------------------------------------------------- training
+def check_resources(cfg: TrainConfig) -> None:
+    """Raises :class:`agentrl.inference.placement.ResourceError` unless the Ray cluster can host the trainer and
+    the engine replicas at once (README, "Running on a Ray cluster")."""
+    from agentrl.inference.placement import Ask, check_fits, cluster_has_gpus, engine_ask
+
+    gpus = cluster_has_gpus()
+    trainer = Ask("trainer_num_cpus / trainer.device", 1,
+                  {"CPU": cfg.trainer_num_cpus, **({"GPU": 1.0} if cfg.trainer.device == "cuda" else {})})
+    check_fits([trainer, engine_ask(cfg.engine, gpus)])
+
+
 class TaskLedger:
     """The training tasks: task ``i`` is seed ``env.seed_start + i`` in group ``task<i>``, one group per task.
 
@@ -265,6 +276,11 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
         raise ConfigError(f"{files.root}: run directory already has metrics.jsonl; use --resume or another run_dir")
     _atomic_write(files.root / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
+    if not ray.is_initialized():
+        ray.init(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus if cfg.ray_address is None else None,
+                 include_dashboard=False, log_to_driver=False)
+    check_resources(cfg)  # before any model loads
+
     model_dir = Path(EngineConfig(model=cfg.engine.model).resolved_model())
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     start_model = model_dir
@@ -277,9 +293,6 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
                      cfg.warm_start.episodes, cfg.warm_start.noise, cfg.warm_start.steps)
             start_model = await warm_start(cfg, model_dir, ws_dir, tokenizer)
 
-    if not ray.is_initialized():
-        ray.init(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus if cfg.ray_address is None else None,
-                 include_dashboard=False, log_to_driver=False)
     trainer = create_trainer_actor(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
                                    num_gpus=1 if cfg.trainer.device == "cuda" else 0)
     step0, history = 0, {}
