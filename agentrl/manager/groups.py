@@ -44,7 +44,7 @@ class Episode:
 
     def __init__(self, group: "GroupState"):
         self.group, self.spec = group, group.spec
-        self.id = f"{group.id}.{next(group.attempts)}"
+        self.id = f"{group.tag}.{next(group.attempts)}"
         self.created = time.perf_counter()
         self.task: asyncio.Task | None = None
         self.worker = None
@@ -57,11 +57,12 @@ class Episode:
 
 
 class GroupState:
-    __slots__ = ("id", "spec", "round", "index", "winners", "live", "pending", "attempts", "failures", "state",
+    __slots__ = ("id", "tag", "spec", "round", "index", "winners", "live", "pending", "attempts", "failures", "state",
                  "last_error", "admit_version")
 
-    def __init__(self, gid: str, spec: EpisodeSpec, rnd: "Round", index: int, admit_version: int):
+    def __init__(self, gid: str, spec: EpisodeSpec, rnd: "Round", index: int, admit_version: int, tag: str = ""):
         self.id, self.spec, self.round, self.index = gid, spec, rnd, index
+        self.tag = tag or gid  # episode ids are "<tag>.<attempt>": unique even when specs share a group id
         self.admit_version = admit_version
         self.winners: list[Trajectory] = []
         self.live: set[Episode] = set()
@@ -101,6 +102,8 @@ class Round:
         self.count = itertools.count()
         self.reap: set[asyncio.Task] = set()  # cancelled losers still closing their envs
         self.to_open = to_open  # groups still to open (None: unbounded, continuous mode)
+        # Group ids seen in a bounded round: specs given to run_episodes may share one, their episodes must not.
+        self.gids: collections.Counter[str] | None = collections.Counter() if to_open is not None else None
         self.changed = asyncio.Event()
 
     def add_open(self, g: "GroupState") -> None:
@@ -165,7 +168,12 @@ class GroupBook:
         if spec is None:
             return None
         gid = spec.group_id or f"{self._prefix}-g{next(self._gcount)}"
-        g = GroupState(gid, spec, r, next(r.count), self.admission.admit_version(self.engine_version()))
+        tag = gid
+        if r.gids is not None:
+            seen = r.gids[gid]
+            r.gids[gid] += 1
+            tag = f"{gid}~{seen}" if seen else gid
+        g = GroupState(gid, spec, r, next(r.count), self.admission.admit_version(self.engine_version()), tag)
         r.add_open(g)
         for _ in range(r.launch_size):
             self.enqueue(g)

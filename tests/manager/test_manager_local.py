@@ -45,6 +45,20 @@ async def test_episode_record_fields():
     assert _events("rec", "close") == ["close"]
 
 
+async def test_specs_sharing_a_group_id_run_as_separate_episodes():
+    """run_episodes with specs that share one group_id (a viewer or eval script grouping by task): each spec is its
+    own episode with its own id and env; before, their ids collided, the env handles clashed and episodes failed."""
+    from agentrl.envs import scripted_policy
+
+    specs = [EpisodeSpec("agentrl/GuessNumber-v0", seed=i, group_id="same") for i in range(4)]
+    async with EnvManager(ManagerConfig(), scripted_policy("agentrl/GuessNumber-v0")) as m:
+        trajs = await m.run_episodes(specs)
+        again = await m.run_episodes(specs[:2])
+    assert [t.error for t in trajs + again] == [None] * 6 and [t.seed for t in trajs] == [0, 1, 2, 3]
+    assert len({t.id for t in trajs}) == 4 and {t.group_id for t in trajs} == {"same"}
+    assert all(t.reward == 1.0 for t in trajs + again)  # the scripted solver always finds the number
+
+
 async def test_final_reward_from_info_and_max_turns_and_context_exhausted():
     class Exhausting(Policy):
         def session(self, meta):
