@@ -374,6 +374,8 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                                                           "dropped_stale", "rescheduled", "failed_groups", "env_steps",
                                                           "step_p50_s", "step_p99_s")
                                      if man.get(k) is not None}, "manager/"))
+                if callable(getattr(policy, "metrics", None)):  # the agent loop's template-drift counters (run totals)
+                    row.update(_flatten(policy.metrics()))
                 gen_tokens = sum(t.num_generated for t in trajs)
                 row.update({
                     "reward": sum(t.reward for t in trajs) / len(trajs),
