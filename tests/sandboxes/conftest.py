@@ -14,6 +14,7 @@ import pytest
 
 from agentrl.sandboxes import SandboxSpec, bwrap_available, docker_available, rootfs_path
 from agentrl.sandboxes import base as sb_base
+from agentrl.sandboxes import lifecycle
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 BUSYBOX = "agentrl-busybox:latest"
@@ -52,10 +53,10 @@ def require_backend(backend: str, image: str | None = None) -> None:
 @pytest.fixture(autouse=True, scope="session")
 def _session_run_label():
     """Every sandbox created in-process carries TEST_RUN; nothing of it may outlive the session."""
-    old = sb_base._RUN_ID
-    sb_base._RUN_ID = TEST_RUN
+    old = lifecycle._RUN_ID
+    lifecycle._RUN_ID = TEST_RUN
     yield
-    sb_base._RUN_ID = old
+    lifecycle._RUN_ID = old
     leftovers = []
     ok, _ = docker_available()
     if ok:
