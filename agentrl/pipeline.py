@@ -309,8 +309,10 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
-    """Runs (or resumes) the training described by ``cfg``; returns the summary written to ``summary.json``."""
+async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -> dict[str, Any]:
+    """Runs (or resumes) the training described by ``cfg``; returns the summary written to ``summary.json``.
+    ``policy``: a factory ``(engine, tokenizer, cfg.rollout) -> Policy`` replacing the agent loop (e.g.
+    :func:`agentrl.gateway.harness_policy`); its ``metrics()`` join each step's row, its ``aclose()`` runs at the end."""
     import ray
     from transformers import AutoTokenizer
 
@@ -368,7 +370,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
             log.info("held-out reward before RL: %.3f", history["eval_before"]["reward"])
 
         mcfg = dataclasses.replace(cfg.manager, async_ratio=cfg.async_ratio)
-        policy = AgentLoopPolicy(engine, tokenizer, cfg.rollout)
+        policy = (policy or AgentLoopPolicy)(engine, tokenizer, cfg.rollout)
         task_counter = [next_task]
 
         def next_spec() -> EpisodeSpec:
@@ -385,6 +387,8 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
     finally:
         if writer is not None:
             writer.close()
+        if hasattr(policy, "aclose"):
+            await policy.aclose()
         await engine.close()
         ray.kill(trainer)
 
@@ -436,6 +440,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                 row.update(_flatten({k: man[k] for k in ("running", "finished", "cancelled", "failed", "dropped_stale",
                                                           "rescheduled", "env_steps", "step_p50_s", "step_p99_s")
                                      if man.get(k) is not None}, "manager/"))
+                row.update(_flatten(policy.metrics() if hasattr(policy, "metrics") else {}))
                 gen_tokens = sum(t.num_generated for t in trajs)
                 row.update({
                     "reward": sum(t.reward for t in trajs) / len(trajs),
