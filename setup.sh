@@ -34,6 +34,12 @@ esac
 # BFCL's data ships in bfcl-eval; its own requirements (numpy 1.x, an old vllm, API SDKs) conflict with the
 # stack and the loader needs none of them.
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23"
+# mini-swe-agent (the gateway tests run its unmodified agent loop) pulls litellm, which pins openai<3, filelock<4
+# and huggingface-hub<2 (older than what vllm and transformers run with here), plus datasets/textual/prompt_toolkit
+# for its CLI. Its agent loop and litellm model classes need none of those pins: both are installed without
+# dependencies, with the few small packages litellm imports (fastuuid, importlib-metadata, zipp) and platformdirs.
+"${pip[@]}" --no-deps "mini-swe-agent==2.4.6" "litellm==1.106.2" "fastuuid==0.14.0" "importlib-metadata==8.9.0" \
+  "zipp>=3.20" "platformdirs>=4"
 # vllm pulls torchvision/torchaudio/torchcodec built for another torch; with torchvision present transformers
 # cannot import Qwen2 ("operator torchvision::nms does not exist"). Text models need none of them.
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

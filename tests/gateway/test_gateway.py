@@ -445,3 +445,23 @@ async def test_malformed_tool_call_is_content_and_counted(qwen25):
         assert gw.metrics()["tool/parse_error_rate"] == 1.0
     finally:
         await gw.stop()
+
+
+def test_cli_refuses_an_open_bind_without_a_key_and_reads_its_config(tmp_path):
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "agentrl.cli", "gateway", "--host", "0.0.0.0"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and "requires an API key" in p.stderr
+    from agentrl.commands.gateway import load_config
+
+    cfg_file = tmp_path / "gw.yaml"
+    cfg_file.write_text("model: tiny\ngateway: {port: 0, max_n: 2, chat: {family: auto}}\n")
+    args = type("A", (), dict(config=str(cfg_file), set=["gateway.max_sessions=3"], model=None, host=None, port=None,
+                              api_key="k" * 12, served_model_name="m", out=None))()
+    cfg = load_config(args)
+    assert (cfg.gateway.max_n, cfg.gateway.max_sessions, cfg.gateway.api_key, cfg.gateway.model_name) == \
+        (2, 3, "k" * 12, "m")
+    args.set = ["gateway.max_nn=3"]
+    with pytest.raises(Exception, match="max_nn"):
+        load_config(args)
