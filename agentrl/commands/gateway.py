@@ -7,7 +7,8 @@
 
 Point any OpenAI client at ``http://127.0.0.1:8000/s/<session>/v1`` (or send ``X-Agentrl-Session``, or use
 ``<api_key>:<session>`` as the key). End a session with ``POST /v1/sessions/<session>/end {"reward": R}``: its
-trajectory (every sampled token with its log-prob and version, in segments) is appended to ``--out``. Sessions idle
+trajectory (every sampled token with its log-prob and version, in segments) is appended to ``--out`` (default
+``gateway-sessions.jsonl``). Sessions idle
 for ``session_idle_s`` and those live at shutdown are written too (``truncated``, reward 0). Exit status 0 on
 Ctrl-C/SIGTERM, 2 on a config error.
 """
@@ -91,6 +92,8 @@ async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None) -> i
     from agentrl.gateway.server import Gateway
     from agentrl.inference.config import EngineConfig, make_engine
 
+    if not cfg.gateway.out:
+        cfg.gateway.out = "gateway-sessions.jsonl"  # a command-line server keeps every ended session somewhere
     model = cfg.model
     if model in (None, "tiny"):
         from agentrl.models import ensure_tiny_model

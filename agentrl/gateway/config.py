@@ -39,6 +39,9 @@ class GatewayConfig:
     values (these fields are then the defaults for requests that give none). ``max_resubmits``: aborted engine
     requests (weight updates in abort mode) of one completion that are resubmitted with the tokens so far.
     ``keepalive_s``: a streaming response sends an SSE comment this often while the completion is being generated.
+    ``chat``: the model family and template options; its ``template_mode`` is not used, because the gateway never
+    changes what a harness sends: a conversation the template renders differently from the session's tokens starts
+    a new segment (the agent loop's ``split``). Metrics are cumulative since the gateway started.
     """
 
     host: str = "127.0.0.1"

@@ -92,6 +92,16 @@ class HarnessEnv(Env):
             return [], reward, True, False, {**end.get("info", {}), "episode_reward": reward}
         return [], 0.0, False, False, {}
 
+    # Native async (no thread-pool hop per request): the manager steps this env once per harness request.
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        return self.reset(seed=seed, options=options)
+
+    async def astep(self, action: str):
+        return self.step(action)
+
+    async def aclose(self) -> None:
+        self.close()
+
 
 def _register() -> None:
     import gymnasium

@@ -7,7 +7,8 @@ Routes (each also under ``/s/<session>/``, so a client whose only setting is a b
     POST /v1/completions               prompt (text or token ids) -> choices
     GET  /v1/sessions                  live sessions and their counters
     GET  /v1/sessions/<id>             one session's counters (and segment sizes)
-    POST /v1/sessions/<id>/end         {"reward": R, "info": {...}} -> the trajectory's summary; written to ``out``
+    POST /v1/sessions/<id>/end         {"reward": R, "info": {...}} -> the trajectory's summary (the whole
+                                       trajectory with "return_trajectory": true); appended to ``out``
     GET  /metrics                      gateway/drift_rate, gateway/segments_per_session, tool/parse_error_rate, ...
     GET  /health
 
@@ -314,8 +315,6 @@ class Gateway:
             done: Completion | None = await asyncio.wait_for(asyncio.shield(task), 0.05)
         except asyncio.TimeoutError:
             done = None
-        except BaseException:
-            raise
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
@@ -404,10 +403,15 @@ class Gateway:
         if s.meta.get("_key_hash"):
             raise APIError(403, f"session {sid!r} is owned by a training episode; it ends with its harness",
                            "permission_error", None, "session_owned")
+        want = body.get("return_trajectory", False)
+        if not isinstance(want, bool):
+            raise bad("return_trajectory", "return_trajectory must be a boolean")
         traj = self.store.end(sid, float(reward), info)
-        return web.json_response({"id": traj.id, "reward": traj.reward, "tokens": len(traj.token_ids),
-                                  "sampled_tokens": traj.num_generated, "segments": len(traj.segments) or 1,
-                                  "requests": traj.num_turns, "written": self.cfg.out})
+        out = {"id": traj.id, "reward": traj.reward, "tokens": len(traj.token_ids), "sampled_tokens": traj.num_generated,
+               "segments": len(traj.segments) or 1, "requests": traj.num_turns, "written": self.cfg.out}
+        if want:
+            out["trajectory"] = traj.to_dict()
+        return web.json_response(out)
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
         self._auth(request)

@@ -295,6 +295,8 @@ class Session:
                             f"{self.store.cfg.max_session_tokens} ({self.num_tokens} recorded, up to {need} more); end "
                             f"the session and start a new one", "session_token_limit")
         base_seed = params.seed
+        if s.n == 1:
+            return [await self._sample(plan.prompt_ids, params, f"gw-{self.id}-{self.requests}-0")], params
         tasks = [asyncio.ensure_future(self._sample(
             plan.prompt_ids, dataclasses.replace(params, seed=_seed(base_seed, i) if base_seed is not None else None),
             f"gw-{self.id}-{self.requests}-{i}")) for i in range(s.n)]

@@ -196,6 +196,25 @@ async def test_n_choices_every_token_trained_once(tiny_tok):
         await gw.stop()
 
 
+async def test_concurrent_requests_on_one_segment(tiny_tok):
+    gw, eng = await serve(tiny_tok, ["first<eos>", "x<eos>", "y<eos>"], delay=0.05)
+    try:
+        c = client(gw, "cc")
+        msgs = [{"role": "user", "content": "Q"}]
+        r = await c.chat.completions.create(model="tiny", messages=msgs)
+        msgs.append({"role": "assistant", "content": r.choices[0].message.content})
+        both = await asyncio.gather(*(c.chat.completions.create(model="tiny", messages=msgs + [
+            {"role": "user", "content": q}]) for q in ("left", "right")))
+        assert sorted(b.choices[0].message.content for b in both) == ["x", "y"]
+        s = gw.store.sessions["cc"]
+        assert len(s.segments) == 2 and s.stats["drifts"] == 0  # one grew in place, the other copied the prefix
+        traj = gw.store.end("cc")
+        assert_record_is_engine_record(traj, eng)
+        assert traj.num_generated == sum(len(g.token_ids) for g in eng.outputs)
+    finally:
+        await gw.stop()
+
+
 async def test_streaming_matches_non_streaming(tiny_tok):
     gw, eng = await serve(tiny_tok, ["streamed text<eos>"])
     try:
@@ -314,8 +333,9 @@ async def test_bad_requests_get_openai_errors_and_leave_the_session_unchanged(ti
         st, body = await post(gw, "/v1/sessions/b/end", {"reward": "high"})
         assert st == 400 and err(body)["param"] == "reward"
         assert (await post(gw, "/v1/sessions/nope/end", {"reward": 1}))[0] == 404
-        st, body = await post(gw, "/v1/sessions/b/end", {"reward": 1})
+        st, body = await post(gw, "/v1/sessions/b/end", {"reward": 1, "return_trajectory": True})
         assert st == 200 and body["sampled_tokens"] == len(eng.outputs[0].token_ids)
+        assert body["trajectory"]["reward"] == 1.0 and body["trajectory"]["token_ids"] == before[0]
     finally:
         await gw.stop()
 

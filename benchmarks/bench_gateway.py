@@ -1,0 +1,220 @@
+"""Gateway throughput against the native agent loop on the same episodes (target: gateway >= 0.95x native).
+
+Both sides run the same episodes on one real vLLM engine (the tiny CPU model by default) through
+``agentrl.manager.EnvManager``: ``--episodes`` episodes at once, ``--turns`` turns each, every turn generating
+exactly ``--tokens`` tokens (``ignore_eos``), every env turn adding the same short user message.
+
+- **native**: ``AgentLoopPolicy`` on an in-process env that replies with that message (token-in/token-out loop).
+- **gateway**: ``HarnessPolicy``; each episode's harness is a user-style loop that sends the whole conversation
+  over HTTP to the gateway each turn, as OpenAI harnesses do, with a bare aiohttp client (``--client aiohttp``,
+  default: what is measured is the gateway) or the ``openai`` client (``--client openai``; one connection pool
+  shared by all episodes; adds the library's own per-request cost, mostly its request-body transformation). The gateway renders, matches the session, samples, parses, answers
+  JSON. Client and gateway share this process's two cores with the engine, so the client's cost counts too.
+
+Runs alternate native / gateway ``--repeats`` times after a warm-up of each; reported: generated tokens per second
+of each side (median over repeats), the ratio, and the load average before and after (the machine is shared).
+
+Run::
+
+    .venv/bin/python benchmarks/bench_gateway.py                       # 64 episodes x 4 turns x 32 tokens, 3 repeats
+    .venv/bin/python benchmarks/bench_gateway.py --episodes 16 --repeats 1   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from agentrl.core import Env
+
+ENV_REPLY = "Lower than 9. 3 guesses left."
+
+
+def opening(seed: Any) -> list[dict[str, str]]:
+    return [{"role": "system", "content": "Guess my secret integer between 1 and 16."},
+            {"role": "user", "content": f"Guess the number. Game {seed}."}]
+
+
+class FixedTurnsEnv(Env):
+    """Replies ``ENV_REPLY`` to every action; terminates after ``turns`` steps. Async, zero latency."""
+
+    def __init__(self, turns: int = 4):
+        super().__init__()
+        self.turns, self.t = turns, 0
+
+    async def areset(self, *, seed=None, options=None):
+        self.t = 0
+        return opening(seed), {}
+
+    async def astep(self, action: str):
+        self.t += 1
+        return [{"role": "user", "content": ENV_REPLY}], 0.0, self.t >= self.turns, False, {}
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+async def run_native(engine, tok, args, tag: str) -> dict:
+    from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
+    from agentrl.rollout import AgentLoopPolicy, RolloutConfig
+
+    cfg = RolloutConfig(temperature=1.0, max_tokens_per_turn=args.tokens, ignore_eos=True, max_turns=args.turns + 1,
+                        max_context_tokens=4096)
+    policy = AgentLoopPolicy(engine, tok, cfg)
+    specs = [EpisodeSpec(f"{__name__}:FixedTurnsEnv", env_kwargs={"turns": args.turns}, seed=i)
+             for i in range(args.episodes)]
+    t0 = time.perf_counter()
+    async with EnvManager(ManagerConfig(max_concurrency=args.episodes, max_turns=args.turns + 1), policy) as mgr:
+        trajs = await mgr.run_episodes(specs)
+    dt = time.perf_counter() - t0
+    bad = [t.error for t in trajs if t.termination != "terminated"]
+    if bad:
+        raise RuntimeError(f"native episodes failed: {bad[:2]}")
+    n = sum(t.num_generated for t in trajs)
+    return {"tokens": n, "wall_s": dt, "tok_per_s": n / dt}
+
+
+def make_harness(args):
+    shared: list[Any] = []
+
+    async def with_openai(ctx):
+        import openai
+
+        # One HTTP connection pool for all episodes (``with_options`` shares it): building an AsyncOpenAI client
+        # loads the CA bundle into an SSL context, ~0.15 s of CPU each on this machine, which is the harness's cost,
+        # not the gateway's.
+        if not shared:
+            shared.append(openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0))
+        c = shared[0].with_options(base_url=ctx.base_url, api_key=ctx.api_key)
+        msgs = opening(ctx.seed)
+        for _ in range(args.turns):
+            r = await c.chat.completions.create(model=ctx.model, messages=msgs, max_tokens=args.tokens,
+                                                extra_body={"ignore_eos": True})
+            msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                     {"role": "user", "content": ENV_REPLY}]
+        return 0.0
+
+    async def with_aiohttp(ctx):
+        import aiohttp
+
+        msgs = opening(ctx.seed)
+        headers = {"Authorization": f"Bearer {ctx.api_key}"}
+        async with aiohttp.ClientSession(headers=headers) as http:
+            for _ in range(args.turns):
+                body = {"model": ctx.model, "messages": msgs, "max_tokens": args.tokens, "ignore_eos": True}
+                async with http.post(ctx.base_url + "/chat/completions", json=body) as resp:
+                    r = await resp.json()
+                    if resp.status != 200:
+                        raise RuntimeError(r)
+                msgs += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": ENV_REPLY}]
+        return 0.0
+
+    return with_openai if args.client == "openai" else with_aiohttp
+
+
+async def run_gateway(engine, tok, args, tag: str) -> dict:
+    from agentrl.gateway import HARNESS_ENV_ID, GatewayConfig, HarnessPolicy
+    from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
+
+    policy = HarnessPolicy(engine, tok, make_harness(args), GatewayConfig(port=0, max_sessions=4 * args.episodes))
+    specs = [EpisodeSpec(HARNESS_ENV_ID, seed=i) for i in range(args.episodes)]
+    await policy.start()
+    try:
+        t0 = time.perf_counter()
+        async with EnvManager(ManagerConfig(max_concurrency=args.episodes, max_turns=args.turns + 2), policy) as mgr:
+            trajs = await mgr.run_episodes(specs)
+        dt = time.perf_counter() - t0
+    finally:
+        await policy.aclose()
+    bad = [t.error for t in trajs if t.termination != "terminated"]
+    if bad:
+        raise RuntimeError(f"gateway episodes failed: {bad[:2]}")
+    n = sum(t.num_generated for t in trajs)
+    m = policy.metrics()
+    return {"tokens": n, "wall_s": dt, "tok_per_s": n / dt, "drift_rate": m["gateway/drift_rate"],
+            "segments_per_session": m["gateway/segments_per_session"]}
+
+
+async def main_async(args) -> dict:
+    from agentrl.chat import load_tokenizer
+    from agentrl.inference.config import EngineConfig, make_engine
+    from agentrl.models import ensure_tiny_model
+
+    model = args.model or str(ensure_tiny_model())
+    tok = load_tokenizer(model)
+    cfg = EngineConfig(model=model, max_model_len=max(1024, 96 + args.turns * (args.tokens + 48)),
+                       max_num_seqs=max(args.episodes, 16))
+    engine = await asyncio.to_thread(make_engine, cfg)
+    load_before = loadavg()
+    try:
+        warm = argparse.Namespace(**{**vars(args), "episodes": min(args.episodes, 8), "turns": 2})
+        await run_native(engine, tok, warm, "warm-n")
+        await run_gateway(engine, tok, warm, "warm-g")
+        runs: dict[str, list[dict[str, Any]]] = {"native": [], "gateway": []}
+        for r in range(args.repeats):
+            runs["native"].append(await run_native(engine, tok, args, f"n{r}"))
+            runs["gateway"].append(await run_gateway(engine, tok, args, f"g{r}"))
+            print(f"repeat {r}: native {runs['native'][-1]['tok_per_s']:.0f} tok/s, "
+                  f"gateway {runs['gateway'][-1]['tok_per_s']:.0f} tok/s (load {loadavg()})", file=sys.stderr)
+    finally:
+        await engine.close()
+    med = {k: statistics.median(x["tok_per_s"] for x in v) for k, v in runs.items()}
+    expected = args.episodes * args.turns * args.tokens
+    total = {k: sum(x["tokens"] for x in v) / sum(x["wall_s"] for x in v) for k, v in runs.items()}
+    return {"episodes": args.episodes, "turns": args.turns, "tokens_per_turn": args.tokens, "client": args.client,
+            "runs": runs, "median_tok_per_s": med,
+            "all_lengths_exact": all(x["tokens"] == expected for v in runs.values() for x in v),
+            "ratio_gateway_over_native": med["gateway"] / med["native"],
+            "ratio_total_tokens_over_total_time": total["gateway"] / total["native"],
+            "loadavg_before": load_before, "loadavg_after": loadavg()}
+
+
+def table(out: dict) -> str:
+    rows = ["| side | median tok/s | runs (tok/s) | tokens per run |", "| --- | ---: | --- | ---: |"]
+    for k in ("native", "gateway"):
+        v = out["runs"][k]
+        each = ", ".join(f"{x['tok_per_s']:.0f}" for x in v)
+        rows.append(f"| {k} | {out['median_tok_per_s'][k]:.0f} | {each} | {v[0]['tokens']} |")
+    rows.append("")
+    rows.append(f"gateway / native: **{out['ratio_gateway_over_native']:.3f}x** (median tok/s), "
+                f"{out['ratio_total_tokens_over_total_time']:.3f}x (total tokens / total time); "
+                f"{out['episodes']} episodes x {out['turns']} turns x {out['tokens_per_turn']} tokens, client "
+                f"{out['client']}; exact lengths: {out['all_lengths_exact']}; gateway drift rate "
+                f"{out['runs']['gateway'][-1]['drift_rate']:.2f}; load average {out['loadavg_before']} -> "
+                f"{out['loadavg_after']}")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--episodes", type=int, default=64)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=32, help="generated tokens per turn (exact, ignore_eos)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--client", choices=("aiohttp", "openai"), default="aiohttp",
+                   help="aiohttp: measures the gateway; openai: adds the openai library's own per-request cost")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    out = asyncio.run(main_async(args))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(json.dumps(out, indent=2) + "\n")
+    print(table(out))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    sys.exit(main())
