@@ -6,9 +6,11 @@ directory, runs the others with at most ``cfg.concurrency`` episodes alive at on
 - ``trajectories.jsonl``: one record per finished instance (see :func:`episode_record`), the resume key being
   ``(env, instance_id)``;
 - ``predictions.jsonl``: for envs whose final ``info`` carries a ``patch`` (SWE envs), one SWE-bench prediction per
-  instance: ``{"instance_id", "model_name_or_path", "model_patch"}``;
+  instance: ``{"instance_id", "model_name_or_path", "model_patch"}``; an episode of such an env (its class sets
+  ``writes_predictions = True``) that errored gets an empty ``model_patch``, so every instance has one;
 - ``report.json`` and ``report.md``: per env (and per ``info["category"]`` when envs report one) the number of
-  instances, successes, accuracy (or resolved rate), mean reward, tokens and time.
+  instances, successes, accuracy (or resolved rate), mean reward, errors, tokens, time, and ``flagged``: episodes
+  whose final ``info["integrity"]["flagged"]`` is set (SWE: read git history, or edited the tests that grade it).
 
 Consistency (a crash or Ctrl-C at any moment leaves files a rerun can use):
 
@@ -43,17 +45,23 @@ from agentrl.trajectory import Trajectory
 
 DEFAULT_SEEDS = 100
 
-#: Named suites: lists of env ids (``--env`` can name a suite too).
+#: BFCL v4 categories by leaderboard section (``agentrl.envs.bfcl.categories``; env id ``agentrl/BFCL-<cat>-v0``).
+_BFCL_NON_LIVE = ["simple-python", "simple-java", "simple-javascript", "multiple", "parallel", "parallel-multiple",
+                  "irrelevance"]
+_BFCL_LIVE = ["live-simple", "live-multiple", "live-parallel", "live-parallel-multiple", "live-irrelevance",
+              "live-relevance"]
+_BFCL_MULTI_TURN = ["multi-turn-base", "multi-turn-miss-func", "multi-turn-miss-param", "multi-turn-long-context"]
+
+#: Named suites: lists of env ids (``--env`` can name a suite too). ``bfcl`` is every BFCL category agentrl serves
+#: (all the leaderboard scores but the agentic ones).
 SUITES: dict[str, list[str]] = {
-    "bfcl": ["agentrl/BFCL-simple-v0", "agentrl/BFCL-multiple-v0", "agentrl/BFCL-parallel-v0",
-             "agentrl/BFCL-parallel-multiple-v0"],
-    "bfcl-live": ["agentrl/BFCL-live-simple-v0", "agentrl/BFCL-live-multiple-v0", "agentrl/BFCL-live-parallel-v0",
-                  "agentrl/BFCL-live-parallel-multiple-v0"],
-    "bfcl-all": [],  # filled below: bfcl + bfcl-live + irrelevance
+    "bfcl": [f"agentrl/BFCL-{c}-v0" for c in _BFCL_NON_LIVE + _BFCL_LIVE + _BFCL_MULTI_TURN],
+    "bfcl-non-live": [f"agentrl/BFCL-{c}-v0" for c in _BFCL_NON_LIVE],
+    "bfcl-live": [f"agentrl/BFCL-{c}-v0" for c in _BFCL_LIVE],
+    "bfcl-multi-turn": [f"agentrl/BFCL-{c}-v0" for c in _BFCL_MULTI_TURN],
     "tool-use": ["agentrl/ToolUse-v0"],
     "swe": ["agentrl/SWE-v0"],
 }
-SUITES["bfcl-all"] = SUITES["bfcl"] + SUITES["bfcl-live"] + ["agentrl/BFCL-irrelevance-v0"]
 
 TRAJECTORIES = "trajectories.jsonl"
 PREDICTIONS = "predictions.jsonl"
@@ -90,8 +98,9 @@ class EnvEntry:
 class PolicyConfig:
     """What acts. ``kind``: ``oracle`` (the env's scripted solver: ground truth for BFCL and SWE), ``empty`` (answers
     nothing, or the env's own empty policy), ``vllm`` (in-process engine over ``model``, a HF model dir; the tiny
-    model when unset), ``remote`` (OpenAI-compatible vLLM servers at ``endpoint``; ``model`` is the name they serve
-    and, unless ``engine.tokenizer`` is set, the tokenizer directory, needed for token-in/token-out). ``name`` is the
+    model when unset), ``remote`` (vLLM servers started with ``--enable-scale-out`` at ``endpoint``; ``model`` is
+    the name they serve and, unless ``engine.tokenizer`` is set, the tokenizer directory, needed for
+    token-in/token-out). ``name`` is the
     ``model_name_or_path`` of predictions. ``engine`` holds ``agentrl.inference.config.EngineConfig`` fields,
     ``rollout`` ``agentrl.rollout.RolloutConfig`` fields (both checked when the policy is built)."""
 
@@ -116,6 +125,7 @@ class PolicyConfig:
 @dataclass
 class EvalConfig:
     """A run: ``envs`` and/or a ``suite`` name (their union, suite first), a policy, and the output directory.
+    ``suite_kwargs`` go to ``agentrl.make`` for every env of the suite (e.g. ``{format: prompt}`` for BFCL).
 
     ``limit``: at most this many instances per env (the first ones, deterministic). ``concurrency``: episodes alive
     at once (the manager's ``max_concurrency``). ``retry_errors``: rerun instances whose recorded episode ended in an
@@ -126,6 +136,7 @@ class EvalConfig:
 
     envs: list[EnvEntry] = field(default_factory=list)
     suite: str | None = None
+    suite_kwargs: dict[str, Any] = field(default_factory=dict)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     out: str = "eval_out"
     limit: int | None = None
@@ -161,7 +172,7 @@ class EvalConfig:
 
     def entries(self) -> list[EnvEntry]:
         """Returns the suite's envs followed by ``envs``."""
-        suite = [EnvEntry(id=i) for i in SUITES.get(self.suite or "", [])]
+        suite = [EnvEntry(id=i, kwargs=dict(self.suite_kwargs)) for i in SUITES.get(self.suite or "", [])]
         return suite + list(self.envs)
 
 
@@ -189,6 +200,7 @@ class Instance:
     instance_id: str
     seed: int
     options: tuple[tuple[str, Any], ...] = ()
+    predicts: bool = False  # the env writes SWE-bench predictions (an errored episode gets an empty patch)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -248,9 +260,10 @@ def list_instances(entry: EnvEntry, limit: int | None, seed: int = 0) -> list[In
     try:
         ids = task_ids_of(env.unwrapped)
         kw = tuple(sorted(entry.kwargs.items()))
+        predicts = bool(getattr(env.unwrapped, "writes_predictions", False))
         if ids is not None:
             ids = ids[: n or None]
-            return [Instance(entry.label, entry.id, kw, str(t), i, (("index", i),)) for i, t in enumerate(ids)]
+            return [Instance(entry.label, entry.id, kw, str(t), i, (("index", i),), predicts) for i, t in enumerate(ids)]
         count = n or DEFAULT_SEEDS
         return [Instance(entry.label, entry.id, kw, f"seed-{s}", s) for s in range(seed, seed + count)]
     finally:
@@ -379,15 +392,17 @@ def episode_record(inst: Instance, traj: Trajectory) -> dict[str, Any]:
         "time_s": max(0.0, float(traj.timings.get("total_s", 0.0)) - float(traj.timings.get("queue_s", 0.0))),
         "queue_s": float(traj.timings.get("queue_s", 0.0)),
         "category": info.get("category"),
+        "predicts": inst.predicts,
         "info": info,
         "trajectory": traj.to_dict(),
     }
 
 
 def prediction_of(record: dict[str, Any], model_name: str) -> dict[str, Any] | None:
-    """Returns the SWE-bench prediction of a record whose final info has a ``patch``, else None."""
+    """Returns the SWE-bench prediction of a record whose final info has a ``patch`` (an empty patch for a record
+    of a predicting env without one: an errored episode), else None."""
     info = record.get("info") or {}
-    if "patch" not in info:
+    if "patch" not in info and not record.get("predicts"):
         return None
     patch = info.get("patch")
     return {
@@ -539,7 +554,8 @@ def summarize(records: list[dict[str, Any]], expected: dict[str, int], wall_s: f
               policy: str = "") -> dict[str, Any]:
     """Returns the report: per env (``rows``, in ``expected``'s order) and per (env, category) when records carry a
     category, plus ``total``. Each row: ``n`` done, ``expected``, ``success``, ``accuracy`` (success/n),
-    ``mean_reward``, ``errors``, ``truncated``, ``prompt_tokens``/``generated_tokens`` (sums), ``mean_time_s``."""
+    ``mean_reward``, ``errors``, ``flagged``, ``truncated``, ``prompt_tokens``/``generated_tokens`` (sums),
+    ``mean_time_s``."""
 
     def row(name: str, rs: list[dict[str, Any]], exp: int | None) -> dict[str, Any]:
         n = len(rs)
@@ -552,6 +568,7 @@ def summarize(records: list[dict[str, Any]], expected: dict[str, int], wall_s: f
             "accuracy": succ / n if n else 0.0,
             "mean_reward": sum(float(r.get("reward", 0.0)) for r in rs) / n if n else 0.0,
             "errors": sum(1 for r in rs if r.get("termination") == "error"),
+            "flagged": sum(1 for r in rs if ((r.get("info") or {}).get("integrity") or {}).get("flagged")),
             "truncated": sum(1 for r in rs if r.get("termination") == "truncated"),
             "prompt_tokens": sum(int(r.get("prompt_tokens", 0)) for r in rs),
             "generated_tokens": sum(int(r.get("generated_tokens", 0)) for r in rs),
@@ -569,7 +586,7 @@ def summarize(records: list[dict[str, Any]], expected: dict[str, int], wall_s: f
             for c in cats:
                 categories.append(row(f"{name} [{c}]", [r for r in rs if str(r.get("category")) == c], None))
     total = row("total", records, sum(expected.values()))
-    return {
+    report = {
         "policy": policy,
         "complete": all(r["n"] >= (r["expected"] or 0) for r in rows),
         "wall_s": wall_s,
@@ -577,6 +594,12 @@ def summarize(records: list[dict[str, Any]], expected: dict[str, int], wall_s: f
         "categories": categories,
         "total": total,
     }
+    if any(str(r.get("env_id", "")).startswith("agentrl/BFCL-") for r in records):
+        # BFCL's per-category and leaderboard scores, aggregated by bfcl-eval's own code (agentrl.envs.bfcl.scoring).
+        from agentrl.envs.bfcl.scoring import section
+
+        report["bfcl"] = section(records, policy or "agentrl")
+    return report
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -599,7 +622,16 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"Wall time of the last run: {report['wall_s']:.1f} s.")
     if not report.get("complete"):
         lines.append("Incomplete: some instances have no record yet; rerun the same command to finish.")
+    flagged = report["total"].get("flagged", 0)
+    if flagged:
+        per_env = ", ".join(f"{r['env']}: {r['flagged']}" for r in report["rows"] if r.get("flagged"))
+        lines.append(f"Flagged episodes (read git history, or edited the tests or test hooks that grade them): "
+                     f"{flagged} ({per_env}).")
     lines.append("Success = SWE `resolved`, else the env's `correct`, else reward >= 1; errored episodes count as failures.")
+    if report.get("bfcl"):
+        from agentrl.envs.bfcl.scoring import render_markdown as bfcl_markdown
+
+        lines += ["", bfcl_markdown(report["bfcl"])]
     return "\n".join(lines) + "\n"
 
 

@@ -7,12 +7,16 @@ agentrl/FrozenLake-v0    agentrl.envs.frozenlake:FrozenLakeEnv        20
 agentrl/GuessNumber-v0   agentrl.envs.guess_number:GuessNumberEnv     none (guess budget)
 agentrl/Arithmetic-v0    agentrl.envs.arithmetic:ArithmeticEnv        none (single turn)
 agentrl/ToolUse-v0       agentrl.envs.tool_use:ToolUseEnv             8
+agentrl/SWE-v0           agentrl.envs.swe.env:SWEEnv                  none (env bounds)
+agentrl/BFCL-*-v0        agentrl.envs.bfcl (17 categories)            1 (single turn) / none
 ======================== ============================================ ==================
 
-Every built-in env class has a scripted solver, ``Class.solve(conversation) -> action`` (also a module-level
-``solve``): a deterministic policy that plays from the text observations alone, for tests, demos and warm-start
-demonstrations. :func:`solver_for` finds it from an id, :func:`scripted_policy` wraps it as an
-``agentrl.policy.ScriptedPolicy``.
+Every procedurally generated built-in env class has a scripted solver, ``Class.solve(conversation) -> action``
+(also a module-level ``solve``): a deterministic policy that plays from the text observations alone, for tests,
+demos and warm-start demonstrations. :func:`solver_for` finds it from an id, :func:`scripted_policy` wraps it as
+an ``agentrl.policy.ScriptedPolicy``. Benchmark envs whose answers the conversation does not reveal (BFCL, SWE)
+have instead an instance method ``solve`` for the current episode and an ``oracle_policy()`` that finds the task
+from ``meta.task``.
 
 This module is imported by ``import agentrl``: it must stay light (the env modules are imported lazily by
 ``agentrl.make``).
@@ -21,10 +25,12 @@ This module is imported by ``import agentrl``: it must stay light (the env modul
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Callable
 
 import gymnasium
 
+from agentrl.envs.bfcl.categories import registrations as bfcl_registrations
 from agentrl.registration import register, spec
 
 BUILTINS: dict[str, dict[str, Any]] = {
@@ -51,16 +57,8 @@ BUILTINS: dict[str, dict[str, Any]] = {
         "entry_point": "agentrl.envs.swe.env:SWEEnv",
         "description": "SWE-bench-style bug fixing in a docker/bwrap sandbox (offline suite of 13 repositories).",
     },
-    **{
-        f"agentrl/BFCL-{c.replace('_', '-')}-v0": {
-            "entry_point": "agentrl.envs.bfcl:BFCLEnv",
-            "kwargs": {"category": c},
-            "max_episode_steps": 1,
-            "description": f"BFCL v4 {c}: function calling, graded by AST match, single turn.",
-        }
-        for c in ("simple", "multiple", "parallel", "parallel_multiple", "live_simple", "live_multiple",
-                  "live_parallel", "live_parallel_multiple", "irrelevance")
-    },
+    # Berkeley Function-Calling Leaderboard: 13 single-turn and 4 multi-turn categories (agentrl.envs.bfcl).
+    **bfcl_registrations(),
 }
 
 
@@ -84,10 +82,14 @@ def solver_for(env_id: str) -> Callable[[list[dict[str, Any]]], str]:
     if isinstance(entry_point, str):
         module, _, attr = entry_point.partition(":")
         entry_point = getattr(importlib.import_module(module), attr)
-    solve = getattr(entry_point, "solve", None)
-    if not callable(solve):
-        raise LookupError(f"env {env_id!r} ({entry_point!r}) has no scripted solver (a callable 'solve' attribute)")
-    return solve
+    if inspect.isclass(entry_point):  # an instance method needs the episode: not a solver of the conversation
+        ok = isinstance(inspect.getattr_static(entry_point, "solve", None), staticmethod)
+    else:
+        ok = callable(getattr(entry_point, "solve", None))
+    if not ok:
+        raise LookupError(f"env {env_id!r} ({entry_point!r}) has no scripted solver of the conversation alone (a "
+                          "static 'solve' method); use the env's oracle_policy() if it has one")
+    return getattr(entry_point, "solve")
 
 
 def scripted_policy(env_id: str):

@@ -1,14 +1,17 @@
 """``agentrl/SWE-v0``: fix a bug in a repository inside a sandbox, graded by the instance's tests.
 
 Episode: ``reset`` picks an instance (``options={"instance_id": ...}`` or ``{"index": i}``, else one drawn with
-``self.np_random``), starts a fresh sandbox, uploads the repository at ``base_commit`` into the work dir and returns
-a system message (the tools and the call format) and a user message (the issue). Each ``step`` takes the model's
+``self.np_random``), prepares its image once (:mod:`agentrl.envs.swe.images`: the repository at ``base_commit`` as a
+single-commit repository, with no later history, plus its test environment), starts a fresh sandbox of it, copies
+the repository into the work dir inside the sandbox (nothing is uploaded per episode) and returns a system message
+(the tools, the call format, how to run the tests) and a user message (the issue). Each ``step`` takes the model's
 text, runs every ``<tool_call>`` in it in order (see :mod:`agentrl.tools` for the format) and returns one ``tool``
 message per call:
 
 - ``bash(command, timeout?)``: a shell command in the repository root; output capped (head and tail kept), exit
   code shown, killed after its timeout.
-- ``view(path, start_line?, end_line?)``: a file with line numbers (a range optional), or a directory listing.
+- ``view(path, start_line?, end_line?)``: a file with line numbers (a range optional), or a directory listing;
+  files over 2 MiB are refused with a hint (their size is checked in the sandbox before anything is read).
 - ``str_replace(path, old_str, new_str)``: replaces the one occurrence of ``old_str``; an error if there are none
   or several.
 - ``create(path, file_text)``: creates a new file (an error if it exists; parents are created).
@@ -22,8 +25,10 @@ test passing earns the fraction of FAIL_TO_PASS tests that pass. Every other ste
 Limits: ``max_turns`` (steps), ``max_time_s`` (wall time since reset) and ``max_episode_output_chars`` (total tool
 output). When one is reached the episode is *truncated* and the current diff is graded exactly as on submit, so
 the final step's reward and info have the same meaning either way. The final step's info holds ``patch``,
-``resolved``, ``grade`` (:meth:`GradeResult.to_dict`) and ``exit_reason`` (``submitted``, ``max_turns``,
-``time_limit``, ``output_limit`` or ``sandbox_error``).
+``resolved``, ``grade`` (:meth:`GradeResult.to_dict`), ``exit_reason`` (``submitted``, ``max_turns``,
+``time_limit``, ``output_limit`` or ``sandbox_error``) and ``integrity``: the commands that read git history
+(``git log``, ``reflog``, ``.git/objects``...), the test files and start-up hooks the patch touched (reverted by
+the grader), and ``flagged`` when either is non-empty (``agentrl eval`` counts flagged episodes).
 
 Invalid actions (no tool call, malformed JSON, unknown tool, bad arguments, a missing file) give an observation
 that says what was wrong, reward 0, and the episode goes on; ``info["invalid_calls"]`` counts them. If the episode
@@ -43,13 +48,19 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from agentrl.core import Env, Message, Observation, StepResult
-from agentrl.tools import Tool, ToolCall, format_tool_call, parse_tool_calls
+from agentrl.tools import ToolCall, format_tool_call, parse_tool_calls
 
+from . import runners
+from .actions import SandboxTools, read_bounded, tool_set
+from .envspec import EnvSpecs
 from .grader import SANDBOX_ENV, GradeResult, SandboxFactory, grade, make_sandbox
+from .images import ImageBuilder, Runtime, materialize
 from .instances import SWEInstance, load_instances
 from .repos import SUITE_INSTANCES, RepoStore
 
 PATCH_FILE = "/tmp/agentrl-submission.patch"
+#: A submitted diff larger than this is not read (the episode is graded with an empty patch, and info says why).
+MAX_PATCH_BYTES = 16 << 20
 
 
 @dataclass
@@ -59,7 +70,8 @@ class SWEEnvConfig:
     instances: JSONL file of SWE-bench-format instances (default: the shipped offline suite).
     instance_ids: restrict to these ids (file order kept).
     repos_dir: where repositories live (see :class:`agentrl.envs.swe.repos.RepoStore`; default: the suite's).
-    cache_dir: where working copies are built (default ``~/.cache/agentrl/swe``).
+    env_specs: YAML/JSON file of env specs per repository and version (see :mod:`agentrl.envs.swe.envspec`).
+    cache_dir: where repository exports are built (default ``~/.cache/agentrl/swe``).
     sandbox: ``SandboxSpec`` fields (``backend``: ``docker``, ``bwrap`` or ``auto`` = docker if reachable, else
         bwrap; ``image``, ``memory_mb``...). The same spec is used for the episode and the grading sandboxes.
     max_turns / max_time_s / max_episode_output_chars: episode bounds (truncation, then grading).
@@ -72,6 +84,7 @@ class SWEEnvConfig:
     instances: str | None = None
     instance_ids: list[str] | None = None
     repos_dir: str | None = None
+    env_specs: str | None = None
     cache_dir: str | None = None
     sandbox: Any = None  # a dict of SandboxSpec fields, or a SandboxSpec
     max_turns: int = 30
@@ -93,15 +106,14 @@ class SWEEnvConfig:
 
 
 SYSTEM_PROMPT = """You are a software engineer fixing an issue in a Python repository. The repository is checked out \
-in the current directory ({workdir}); commands run there. Tests use unittest: \
-`python3 -m unittest tests.test_module.TestClass.test_name` (pytest is not installed). There is no network.
+in the current directory ({workdir}); commands run there. {tests} There is no network.
 
 Call tools by writing a JSON object inside <tool_call></tool_call> tags, for example:
 {example}
 You may make several calls in one message; they run in order. Tools:
 {tools}
 Make the smallest change that resolves the issue, check it by running the tests, then call submit. Your changes \
-are taken as `git diff` against the original commit; do not edit the existing tests."""
+are taken as `git diff` against the original commit; changes to test files are discarded when grading."""
 
 
 def _cap(text: str, limit: int) -> str:
@@ -111,29 +123,6 @@ def _cap(text: str, limit: int) -> str:
     head = limit // 2
     tail = limit - head
     return f"{text[:head]}\n[... {len(text) - limit} characters truncated ...]\n{text[-tail:]}"
-
-
-def _numbered(lines: list[str], first: int) -> str:
-    return "\n".join(f"{i:6d}\t{line}" for i, line in enumerate(lines, first))
-
-
-def _tools() -> dict[str, Tool]:
-    # fn is unused: the env dispatches to its own async methods; Tool gives the schema and the validation.
-    def t(name: str, description: str, props: dict[str, Any], required: list[str]) -> Tool:
-        return Tool(name, description, {"type": "object", "properties": props, "required": required}, fn=lambda **_: "")
-
-    s = {"type": "string"}
-    i = {"type": "integer"}
-    return {
-        "bash": t("bash", "Run a shell command in the repository root; returns its output and exit code.",
-                  {"command": dict(s, description="the command"), "timeout": dict(i, description="seconds")}, ["command"]),
-        "view": t("view", "Show a file with line numbers (optionally lines start_line..end_line), or list a directory.",
-                  {"path": s, "start_line": i, "end_line": i}, ["path"]),
-        "str_replace": t("str_replace", "Replace the single occurrence of old_str in a file by new_str.",
-                         {"path": s, "old_str": s, "new_str": s}, ["path", "old_str", "new_str"]),
-        "create": t("create", "Create a new file with the given content.", {"path": s, "file_text": s}, ["path", "file_text"]),
-        "submit": t("submit", "Submit the current changes as the final patch; ends the episode.", {}, []),
-    }
 
 
 def _sandbox_spec(sandbox: Any) -> Any:
@@ -159,11 +148,15 @@ class SWEEnv(Env):
     ``SWEEnv(instances=None, *, sandbox_factory=None, pool=None, repo_store=None, **SWEEnvConfig fields)``:
     ``instances`` is a JSONL path or a list of :class:`SWEInstance` (default: the shipped suite);
     ``pool`` an ``agentrl.sandboxes.SandboxPool`` to take sandboxes from (else each is created and destroyed);
-    ``sandbox_factory`` any ``spec -> async context manager yielding a started sandbox``. ``self.instances`` lists
-    the instances in file order (``reset(options={"instance_id": ...})`` picks one). See the module doc.
+    ``sandbox_factory`` any ``spec -> async context manager yielding a started sandbox``; ``images`` an
+    :class:`~agentrl.envs.swe.images.ImageBuilder` to share between envs (else one is made from the config).
+    ``self.instances`` lists the instances in file order (``reset(options={"instance_id": ...})`` picks one).
+    See the module doc.
     """
 
     description = "SWE-bench-style bug fixing in a docker/bwrap sandbox (offline suite of 13 repos by default)"
+    #: ``agentrl eval`` writes one SWE-bench prediction per instance (an empty patch when the episode errored).
+    writes_predictions = True
 
     def __init__(
         self,
@@ -172,6 +165,7 @@ class SWEEnv(Env):
         sandbox_factory: SandboxFactory | None = None,
         pool: Any = None,
         repo_store: RepoStore | None = None,
+        images: ImageBuilder | None = None,
         **config: Any,
     ):
         super().__init__()
@@ -194,12 +188,19 @@ class SWEEnv(Env):
             raise ValueError("SWEEnv: no instances")
         self._by_id = {i.instance_id: i for i in self.instances}
         self.spec_sandbox = _sandbox_spec(self.config.sandbox)
-        self.repo_store = repo_store or RepoStore(self.config.repos_dir, self.config.cache_dir)
+        if images is not None:
+            self.images = images
+            self.repo_store = images.repo_store
+        else:
+            self.repo_store = repo_store or RepoStore(self.config.repos_dir, self.config.cache_dir)
+            self.images = ImageBuilder(self.spec_sandbox, self.repo_store, EnvSpecs.load(self.config.env_specs))
         if sandbox_factory is not None and pool is not None:
             raise ValueError("SWEEnv: give sandbox_factory or pool, not both")
         self.sandbox_factory = sandbox_factory or (pool.acquire if pool is not None else make_sandbox)
-        self.tools = _tools()
+        self.tools = tool_set()
         self.instance: SWEInstance | None = None
+        self.runtime: Runtime | None = None
+        self._actions: SandboxTools | None = None
         self._sb: Any = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -235,22 +236,25 @@ class SWEEnv(Env):
         await self._release()
         inst = self._pick(seed, options)
         self.instance = inst
-        local = await asyncio.to_thread(self.repo_store.checkout, inst.repo, inst.base_commit)
+        rt = await asyncio.to_thread(self.images.prepare, inst)
+        self.runtime = rt
         self._stack = contextlib.AsyncExitStack()
-        sb = await self._stack.enter_async_context(self.sandbox_factory(self.spec_sandbox))
+        sb = await self._stack.enter_async_context(self.sandbox_factory(rt.sandbox))
         self._sb = sb
-        await sb.upload(local, self.spec_sandbox.workdir)
+        await materialize(sb, rt)
+        self._actions = SandboxTools(sb, rt.sandbox.workdir, self._exec)
         self._reset_state()
         tools = "\n".join(
             f"- {t.name}({', '.join(t.parameters['properties'])}): {t.description}" for t in self.tools.values()
         )
         system = SYSTEM_PROMPT.format(
-            workdir=self.spec_sandbox.workdir,
-            example=format_tool_call("bash", {"command": "python3 -m unittest discover -s tests -t ."}),
+            workdir=rt.sandbox.workdir,
+            tests=runners.describe(rt.runner, rt.python, rt.env_spec.pythonpath, inst.PASS_TO_PASS[0] if inst.PASS_TO_PASS else None),
+            example=format_tool_call("bash", {"command": "git status --short"}),
             tools=tools,
         )
         user = f"Repository: {inst.repo}\nInstance: {inst.instance_id}\n\n<issue>\n{inst.problem_statement.strip()}\n</issue>"
-        info = {"instance_id": inst.instance_id, "repo": inst.repo, "base_commit": inst.base_commit, "tools": self.tool_schemas()}
+        info = {"instance_id": inst.instance_id, "repo": inst.repo, "base_commit": rt.base_commit, "tools": self.tool_schemas()}
         return [{"role": "system", "content": system}, {"role": "user", "content": user}], info
 
     async def astep(self, action: str) -> StepResult:
@@ -304,22 +308,27 @@ class SWEEnv(Env):
         self._done = True
         info.update(exit_reason=exit_reason, turns=self._turns, invalid_calls_total=self._invalid,
                     episode_time_s=time.monotonic() - self._t0)
+        history = list(self._actions.git_history) if self._actions is not None else []
         if error is not None:
             await self._release()
-            info.update(error=error, patch="", resolved=False, grade=None)
+            info.update(error=error, patch="", resolved=False, grade=None,
+                        integrity={"git_history": history, "protected_touched": [], "flagged": bool(history)})
             msgs.append({"role": "user", "content": f"The sandbox failed: {error}. The episode ends."})
             return msgs, 0.0, False, True, info
-        patch = await self._diff()
+        patch, patch_error = await self._diff()
         await self._release()
         result: GradeResult = await grade(
-            self.instance, patch, spec=self.spec_sandbox, repo_store=self.repo_store,
-            sandbox_factory=self.sandbox_factory, timeout_s=self.config.grade_timeout_s,
-            per_test_timeout_s=self.config.per_test_timeout_s,
+            self.instance, patch, images=self.images, sandbox_factory=self.sandbox_factory,
+            timeout_s=self.config.grade_timeout_s, per_test_timeout_s=self.config.per_test_timeout_s,
         )
         reward = 1.0 if result.resolved else 0.0
         if not result.resolved and self.config.partial_credit and result.pass_to_pass_ok:
             reward = result.fail_to_pass_fraction
-        info.update(patch=patch, resolved=result.resolved, grade=result.to_dict())
+        info.update(patch=patch, resolved=result.resolved, grade=result.to_dict(),
+                    integrity={"git_history": history, "protected_touched": list(result.protected_touched),
+                               "flagged": bool(history or result.protected_touched)})
+        if patch_error:
+            info["patch_error"] = patch_error
         note = "Patch submitted." if exit_reason == "submitted" else f"Episode limit reached ({exit_reason}); the current changes were submitted."
         if exit_reason == "submitted":
             msgs.append({"role": "tool", "name": "submit", "content": note})
@@ -327,28 +336,36 @@ class SWEEnv(Env):
             msgs.append({"role": "user", "content": note})
         return msgs, reward, exit_reason == "submitted", exit_reason != "submitted", info
 
-    async def _diff(self) -> str:
-        """The episode's changes against base_commit, new files included (from the live episode sandbox)."""
-        assert self.instance is not None and self._sb is not None
+    async def _diff(self) -> tuple[str, str]:
+        """The episode's changes against base_commit, new files included (from the live episode sandbox), and why
+        the patch is empty when it could not be taken (``""`` otherwise). A diff over :data:`MAX_PATCH_BYTES` is
+        not read into the driver."""
+        assert self.runtime is not None and self._sb is not None
         from agentrl.sandboxes.base import SandboxError
 
-        base = shlex.quote(self.instance.base_commit)
+        base = shlex.quote(self.runtime.base_commit)
+        p = shlex.quote(PATCH_FILE)
         try:
             res = await self._sb.exec(
-                f"git add -A && git diff --cached --binary {base} > {PATCH_FILE}", timeout=120, env=SANDBOX_ENV
+                f"git add -A && git diff --cached --binary {base} > {p} && stat -c %s {p}", timeout=120,
+                env=SANDBOX_ENV,
             )
-            if not res.ok:
-                return ""
-            return (await self._sb.read_file(PATCH_FILE)).decode("utf-8", errors="replace")
-        except SandboxError:
-            return ""
+            size = res.output.strip().splitlines()[-1:] if res.ok else []
+            if not size or not size[0].isdigit():
+                return "", f"git diff failed: {res.output[-500:]}"
+            if int(size[0]) > MAX_PATCH_BYTES:
+                return "", f"the diff is {size[0]} bytes, over the {MAX_PATCH_BYTES}-byte limit"
+            data = await read_bounded(self._sb, PATCH_FILE, MAX_PATCH_BYTES)
+            return data.decode("utf-8", errors="replace"), ""
+        except SandboxError as e:
+            return "", f"the sandbox failed while taking the diff: {e}"
 
     async def aclose(self) -> None:
         """Stops the episode sandbox if one is alive; safe to call twice."""
         await self._release()
 
     async def _release(self) -> None:
-        stack, self._stack, self._sb = self._stack, None, None
+        stack, self._stack, self._sb, self._actions = self._stack, None, None, None
         if stack is not None:
             await stack.aclose()
 
@@ -363,102 +380,14 @@ class SWEEnv(Env):
             return False, f"error: {problem}"
         if call.name == "submit":
             return False, "error: submit takes no arguments"
-        return await getattr(self, f"_tool_{call.name}")(**call.arguments)
+        assert self._actions is not None
+        return await getattr(self._actions, call.name)(**call.arguments)
 
     async def _exec(self, cmd: str, timeout: float | None = None) -> Any:
         remaining = self.config.max_time_s - (time.monotonic() - self._t0)
         limit = min(timeout or self.config.command_timeout_s, self.config.command_timeout_s, max(1.0, remaining))
-        return await self._sb.exec(cmd, timeout=limit, env=SANDBOX_ENV, output_limit=self.config.max_output_chars * 4)
-
-    def _path(self, path: str) -> str:
-        return path if path.startswith("/") else f"{self.spec_sandbox.workdir.rstrip('/')}/{path}"
-
-    async def _kind(self, path: str) -> str:
-        q = shlex.quote(self._path(path))
-        res = await self._exec(f"if [ -d {q} ]; then echo dir; elif [ -f {q} ]; then echo file; "
-                               f"elif [ -e {q} ]; then echo other; else echo missing; fi", timeout=30)
-        return res.output.strip() or "missing"
-
-    async def _read_text(self, path: str) -> tuple[str | None, str]:
-        """Returns ``(text, "")`` or ``(None, error)`` for a missing, non-regular or non-UTF-8 file."""
-        kind = await self._kind(path)
-        if kind != "file":
-            what = {"dir": "is a directory", "missing": "does not exist", "other": "is not a regular file"}.get(kind, kind)
-            return None, f"error: {path} {what}"
-        data = await self._sb.read_file(self._path(path))
-        try:
-            return data.decode("utf-8"), ""
-        except UnicodeDecodeError:
-            return None, f"error: {path} is not UTF-8 text"
-
-    async def _tool_bash(self, command: str, timeout: int | None = None) -> tuple[bool, str]:
-        if not command.strip():
-            return False, "error: bash: empty command"
-        if timeout is not None and timeout <= 0:
-            return False, "error: bash: timeout must be a positive number of seconds"
-        res = await self._exec(command, timeout)
-        out = res.output
-        tail = f"[exit code: {res.exit_code}]"
-        if res.timed_out:
-            tail = f"[timed out: the command was killed after its timeout] {tail}"
-        if res.truncated:
-            tail = f"[output truncated] {tail}"
-        return True, (out.rstrip("\n") + "\n" + tail) if out.strip() else tail
-
-    async def _tool_view(self, path: str, start_line: int | None = None, end_line: int | None = None) -> tuple[bool, str]:
-        kind = await self._kind(path)
-        if kind == "dir":
-            q = shlex.quote(self._path(path))
-            res = await self._exec(f"find {q} -maxdepth 2 -not -path '*/.git' -not -path '*/.git/*' "
-                                   "-not -path '*/__pycache__*' | sort | head -500", timeout=30)
-            return True, res.output
-        text, err = await self._read_text(path)
-        if text is None:
-            return False, err
-        lines = text.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
-        if not lines:
-            return True, f"{path} is empty"
-        start = start_line if start_line is not None else 1
-        end = end_line if end_line is not None else len(lines)
-        if end == -1:
-            end = len(lines)
-        if start < 1 or start > len(lines) or end < start:
-            return False, f"error: view: invalid range [{start_line}, {end_line}] for {path} ({len(lines)} lines)"
-        return True, _numbered(lines[start - 1 : end], start)
-
-    async def _tool_str_replace(self, path: str, old_str: str, new_str: str) -> tuple[bool, str]:
-        if not old_str:
-            return False, "error: str_replace: old_str must not be empty"
-        text, err = await self._read_text(path)
-        if text is None:
-            return False, err
-        count = text.count(old_str)
-        if count == 0:
-            return False, f"error: str_replace: old_str not found in {path} (it must match exactly, whitespace included)"
-        if count > 1:
-            starts = [m.start() for m in re.finditer(re.escape(old_str), text)]
-            lines = ", ".join(str(text.count("\n", 0, s) + 1) for s in starts[:10])
-            return False, f"error: str_replace: old_str occurs {count} times in {path} (lines {lines}); include more context to make it unique"
-        mode = await self._exec(f"stat -c %a {shlex.quote(self._path(path))}", timeout=30)
-        perm = int(mode.output.strip(), 8) if re.fullmatch(r"[0-7]{3,4}", mode.output.strip()) else 0o644
-        at = text.index(old_str)
-        new_text = text[:at] + new_str + text[at + len(old_str):]
-        await self._sb.write_file(self._path(path), new_text, mode=perm)
-        first = text.count("\n", 0, at) + 1
-        lines = new_text.split("\n")
-        lo, hi = max(1, first - 3), min(len(lines), first + new_str.count("\n") + 3)
-        return True, f"Edited {path}. Lines {lo}-{hi} now read:\n" + _numbered(lines[lo - 1 : hi], lo)
-
-    async def _tool_create(self, path: str, file_text: str) -> tuple[bool, str]:
-        if not path.strip() or path.endswith("/"):
-            return False, f"error: create: invalid path {path!r}"
-        kind = await self._kind(path)
-        if kind != "missing":
-            return False, f"error: create: {path} already exists; use str_replace to edit it"
-        await self._sb.write_file(self._path(path), file_text)
-        return True, f"Created {path} ({len(file_text.splitlines())} lines)."
+        env = {**SANDBOX_ENV, **(self.runtime.env if self.runtime is not None else {})}
+        return await self._sb.exec(cmd, timeout=limit, env=env, output_limit=self.config.max_output_chars * 4)
 
     # --------------------------------------------------------------------------------------- sync wrappers
     def _run(self, coro: Any) -> Any:
@@ -507,11 +436,19 @@ def _instance_id(conversation: list[Message], meta: Any) -> str | None:
     return None
 
 
+class GoldPatchError(RuntimeError):
+    """The oracle's gold patch does not apply at ``base_commit``: a broken instance, not a failed episode."""
+
+
+GOLD_FAILED = "@@agentrl:gold-patch-does-not-apply"
+
+
 def oracle_policy_fn(instances: Iterable[SWEInstance]):
     """Returns ``fn(conversation, meta) -> str`` for :class:`agentrl.policy.ScriptedPolicy` that applies the gold
     patch through the tools: turn 1 ``create``s it as /tmp/agentrl-gold.patch, turn 2 runs ``git apply`` with
     ``bash``, turn 3 ``submit``s. The instance comes from ``meta.task`` (an id or a dict with ``instance_id``) or
-    from the ``Instance:`` line of the env's first user message."""
+    from the ``Instance:`` line of the env's first user message. When the gold patch does not apply, turn 3 raises
+    :class:`GoldPatchError` with git's message (the episode is an error that says so, not a test failure)."""
     by_id = {i.instance_id: i for i in instances}
 
     def fn(conversation: list[Message], meta: Any) -> str:
@@ -522,7 +459,10 @@ def oracle_policy_fn(instances: Iterable[SWEInstance]):
         if turn == 0:
             return "I will apply the fix.\n" + format_tool_call("create", {"path": "/tmp/agentrl-gold.patch", "file_text": by_id[iid].patch})
         if turn == 1:
-            return format_tool_call("bash", {"command": "git apply /tmp/agentrl-gold.patch && git status --short"})
+            return format_tool_call("bash", {"command": f"git apply /tmp/agentrl-gold.patch 2>&1 || echo {GOLD_FAILED}"})
+        last = next((m.get("content", "") for m in reversed(conversation) if m.get("role") == "tool"), "")
+        if GOLD_FAILED in last:
+            raise GoldPatchError(f"{iid}: the gold patch does not apply at base_commit: {last.replace(GOLD_FAILED, '').strip()[:800]}")
         return format_tool_call("submit", {})
 
     return fn

@@ -1,31 +1,40 @@
-"""Grading a patch against an SWE instance, in a fresh sandbox.
+"""Grading a patch against an SWE instance, in a fresh sandbox, from the patch alone.
 
-Steps (SWE-bench's harness, offline): the repository at ``base_commit`` is uploaded into a new sandbox's work dir;
-the model patch is applied with ``git apply`` (an unresolved result with git's message if it does not apply); the
-files the test patch touches are reset to ``base_commit`` (so a model cannot pre-empt or break the new tests by
-editing them) and the test patch is applied; every ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test id is run with
-:mod:`agentrl.envs.swe.unittest_runner` under a per-test timeout and an overall timeout. The instance is resolved
-iff every ``FAIL_TO_PASS`` test passes and every ``PASS_TO_PASS`` test still passes.
+Steps (SWE-bench's harness, offline, hardened against reward hacking):
 
-Infrastructure failures (the sandbox cannot start, the engine dies) raise ``SandboxError``; a bad patch never
-raises, it gives ``resolved=False`` with the reason.
+1. a fresh sandbox of the instance's image (:mod:`agentrl.envs.swe.images`); the repository at ``base_commit`` is
+   copied into its work dir from the image (a single-commit repository: no later history exists in it);
+2. the model patch is applied with ``git apply`` (an unresolved result with git's message if it does not apply);
+3. *protected* paths are restored to ``base_commit`` (deleted when they did not exist there): the files the test
+   patch touches, the files of the graded tests, and whatever the model patch touched among test files
+   (``tests/``-style directories, ``test_*.py``), pytest/Python start-up hooks (``conftest.py``,
+   ``sitecustomize.py``, ``usercustomize.py``, ``*.pth``) and test configuration (``pytest.ini``, ``tox.ini``,
+   ``setup.cfg``, ``pyproject.toml``). Symlinked parents are removed first. The model's changes to them are
+   listed in :attr:`GradeResult.protected_touched`;
+4. the test patch is applied, and every ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` id runs with the instance's runner
+   (:mod:`agentrl.envs.swe.runners`; nonce-framed output, graded files hashed and re-checked) under a per-test and
+   an overall timeout.
+
+Resolved iff every ``FAIL_TO_PASS`` and every ``PASS_TO_PASS`` test passes (``xfail`` counts as a pass only when
+the test itself declares it, as in swebench). Infrastructure failures (the sandbox cannot start, the engine dies,
+an image cannot be built) raise; a bad patch never raises, it gives ``resolved=False`` with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import shlex
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
+from .images import ImageBuilder, Runtime, materialize
 from .instances import SWEInstance
 from .repos import RepoStore, patch_paths
+from . import runners
 
-RUNNER_PATH = Path(__file__).resolve().parent / "unittest_runner.py"
 #: Scratch directory inside the sandbox (its private /tmp), outside the repository.
 GRADE_DIR = "/tmp/agentrl-grade"
 #: Environment of every command the SWE env and the grader run: no bytecode files in diffs, git trusts the repo.
@@ -40,6 +49,9 @@ SANDBOX_ENV = {
     "PAGER": "cat",
 }
 PASS = "pass"
+PROTECTED_NAMES = {"conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", ".pytest.ini", "tox.ini",
+                   "setup.cfg", "pyproject.toml"}
+TEST_DIRS = {"tests", "test", "testing"}
 
 SandboxFactory = Callable[[Any], Any]
 """``factory(spec)`` returns an async context manager that yields a started sandbox and releases it on exit.
@@ -59,7 +71,7 @@ def make_sandbox(spec: Any) -> Any:
         from agentrl.sandboxes.docker import DockerSandbox
 
         return DockerSandbox(spec)
-    from agentrl.sandboxes.bwrap import BwrapSandbox  # type: ignore[import-not-found]
+    from agentrl.sandboxes.bwrap import BwrapSandbox
 
     return BwrapSandbox(spec)
 
@@ -78,10 +90,11 @@ class GradeResult:
     ``resolved``: every FAIL_TO_PASS test passed and every PASS_TO_PASS test passed.
     ``applied``: the model patch applied (an empty patch counts as applied).
     ``reason``: ``"resolved"`` or why not (the first problem found, then the failing test ids).
-    ``fail_to_pass`` / ``pass_to_pass``: test id -> status (``pass``, ``fail``, ``error``, ``skip``, ``timeout``,
-    ``missing``, ``not_run``); empty when the tests never ran. ``details``: test id -> the failure text of the tests
-    that did not pass. ``duration``: seconds from the call to the verdict. ``log``: the tail of git's and the
-    runner's output.
+    ``fail_to_pass`` / ``pass_to_pass``: test id -> status (``pass``, ``xfail``, ``fail``, ``error``, ``skip``,
+    ``timeout``, ``missing``, ``not_run``); empty when the tests never ran. ``details``: test id -> the failure text
+    of the tests that did not pass. ``protected_touched``: paths the model patch changed that grading restored
+    (test files, start-up hooks, test configuration). ``conflicts``: ids whose test log contradicted the runner.
+    ``duration``: seconds from the call to the verdict. ``log``: the tail of git's and the runner's output.
     """
 
     instance_id: str
@@ -91,6 +104,9 @@ class GradeResult:
     fail_to_pass: dict[str, str] = field(default_factory=dict)
     pass_to_pass: dict[str, str] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)
+    protected_touched: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    runner: str = ""
     duration: float = 0.0
     timed_out: bool = False
     log: str = ""
@@ -100,11 +116,11 @@ class GradeResult:
         """Fraction of FAIL_TO_PASS tests that passed (0.0 when the tests did not run)."""
         if not self.fail_to_pass:
             return 0.0
-        return sum(s == PASS for s in self.fail_to_pass.values()) / len(self.fail_to_pass)
+        return sum(s in runners.PASSING for s in self.fail_to_pass.values()) / len(self.fail_to_pass)
 
     @property
     def pass_to_pass_ok(self) -> bool:
-        return bool(self.fail_to_pass) and all(s == PASS for s in self.pass_to_pass.values())
+        return bool(self.fail_to_pass) and all(s in runners.PASSING for s in self.pass_to_pass.values())
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -117,13 +133,12 @@ def _tail(text: str, n: int = 2000) -> str:
 
 
 def _summarise(statuses: dict[str, str], limit: int = 5) -> str:
-    bad = [f"{t} ({s})" for t, s in statuses.items() if s != PASS]
+    bad = [f"{t} ({s})" for t, s in statuses.items() if s not in runners.PASSING]
     more = f" and {len(bad) - limit} more" if len(bad) > limit else ""
     return ", ".join(bad[:limit]) + more
 
 
 APPLIED = "@@agentrl:applied"
-RESULTS = "@@agentrl:results"
 
 
 async def stage_files(sb: Any, files: dict[str, bytes | str]) -> None:
@@ -156,52 +171,70 @@ async def apply_patch(sb: Any, path: str, *, timeout: float = 60.0) -> tuple[boo
     return (not res.timed_out and APPLIED in res.output), res.output.replace(APPLIED, "").strip()
 
 
-def reset_script(base_commit: str, test_patch: str) -> str:
-    """Shell lines that restore every path ``test_patch`` touches to its ``base_commit`` state (or delete it if it
-    did not exist then), so that a model patch cannot pre-empt or break the new tests by editing them."""
-    return "\n".join(
-        f"if git cat-file -e {shlex.quote(base_commit + ':' + p)} 2>/dev/null; "
-        f"then git checkout -q {shlex.quote(base_commit)} -- {shlex.quote(p)} || exit 3; else rm -rf -- {shlex.quote(p)}; fi"
-        for p in patch_paths(test_patch)
-    )
+def is_protected(path: str) -> bool:
+    """Whether a model patch's change to ``path`` is reverted before grading (see the module doc)."""
+    p = PurePosixPath(path)
+    name = p.name
+    if name in PROTECTED_NAMES or name.endswith(".pth"):
+        return True
+    if any(part in TEST_DIRS for part in p.parts[:-1]):
+        return True
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
 
 
-async def apply_test_patch(sb: Any, instance: SWEInstance, path: str, *, timeout: float = 60.0) -> tuple[bool, str]:
-    """Resets the test files (:func:`reset_script`) and applies the test patch file ``path``, in one exec.
-    Returns ``(ok, output)``."""
-    script = f"( {reset_script(instance.base_commit, instance.test_patch) or 'true'}\n) || {{ echo 'cannot reset the test files'; exit 3; }}\n"
-    res = await sb.exec(script + _apply_script(path), timeout=timeout, env=SANDBOX_ENV)
+def protected_paths(instance: SWEInstance, model_patch: str, graded_files: list[str]) -> tuple[list[str], list[str]]:
+    """Returns ``(paths to restore, the model patch's paths among them)``."""
+    touched = [p for p in patch_paths(model_patch) if is_protected(p)]
+    restore = list(dict.fromkeys([*patch_paths(instance.test_patch), *graded_files, *touched]))
+    return restore, touched
+
+
+def reset_script(base_commit: str, paths: list[str]) -> str:
+    """Shell lines that restore every path of ``paths`` to its ``base_commit`` state (or delete it if it did not
+    exist then). A symlink standing where a parent directory of the path should be is removed first (git refuses
+    to write beyond a symbolic link, and it would point the restored file elsewhere)."""
+    lines = []
+    c = shlex.quote(base_commit)
+    for p in paths:
+        q = shlex.quote(p)
+        parts = PurePosixPath(p).parts
+        for i in range(1, len(parts)):
+            a = shlex.quote("/".join(parts[:i]))
+            lines.append(f"if [ -L {a} ]; then rm -f -- {a}; fi")
+        lines.append(f"rm -rf -- {q}")
+        lines.append(f"if git cat-file -e {shlex.quote(base_commit + ':' + p)} 2>/dev/null; "
+                     f"then git checkout -q {c} -- {q} || exit 3; fi")
+    return "\n".join(lines)
+
+
+async def restore_and_apply_tests(sb: Any, base_commit: str, paths: list[str], test_patch_file: str, *,
+                                  timeout: float = 60.0) -> tuple[bool, str]:
+    """Restores ``paths`` (:func:`reset_script`) and applies the test patch file, in one exec. Returns
+    ``(ok, output)``."""
+    script = f"( {reset_script(base_commit, paths) or 'true'}\n) || {{ echo 'cannot restore the test files'; exit 3; }}\n"
+    res = await sb.exec(script + _apply_script(test_patch_file), timeout=timeout, env=SANDBOX_ENV)
     return (not res.timed_out and APPLIED in res.output), res.output.replace(APPLIED, "").strip()
 
 
-async def run_tests(
-    sb: Any, test_ids: list[str], *, timeout: float, per_test_timeout: float
-) -> tuple[dict[str, tuple[str, str]], bool, str]:
-    """Runs ``test_ids`` (staged in ``GRADE_DIR/ids.txt``, with the runner) from the repository root. Returns
-    ``({id: (status, detail)}, timed_out, output)``. Ids without a result line get ``timeout`` when the overall
-    timeout fired, else ``not_run`` (the runner died)."""
-    out_file = f"{GRADE_DIR}/results.jsonl"
-    cmd = (
-        f"python3 {GRADE_DIR}/unittest_runner.py --out {out_file} --per-test-timeout {per_test_timeout:g} "
-        f"--ids-file {GRADE_DIR}/ids.txt; rc=$?; echo {RESULTS}; cat {out_file} 2>/dev/null; exit $rc"
-    )
-    res = await sb.exec(cmd, timeout=timeout, env=SANDBOX_ENV, output_limit=64 << 20)
-    runner_out, _, lines = res.output.partition(RESULTS)
-    if res.timed_out:  # the command was killed before its cat: read what the runner had written
-        lines = (await sb.exec(f"cat {out_file} 2>/dev/null; true", timeout=60, env=SANDBOX_ENV, output_limit=64 << 20)).output
-    results: dict[str, tuple[str, str]] = {}
-    for line in lines.splitlines():
-        try:
-            rec = json.loads(line)
-            results[rec["id"]] = (rec["status"], rec.get("detail", ""))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue  # a line cut by a kill mid-write
+async def run_tests(sb: Any, runtime: Runtime, test_ids: list[str], nonce: str, *, timeout: float,
+                    per_test_timeout: float) -> tuple[dict[str, tuple[str, str]], bool, str, list[str]]:
+    """Runs ``test_ids`` with the instance's runner (staged in :data:`GRADE_DIR` with ``nonce`` by
+    :func:`agentrl.envs.swe.runners.stage`) from the repository root. Returns ``({id: (status, detail)}, timed_out,
+    output, conflicts)``. Ids without a result get ``timeout`` when the overall timeout fired, else ``not_run``
+    (the runner died)."""
+    spec = runtime.env_spec
+    cmd = runners.command(runtime.runner, GRADE_DIR, runtime.python, per_test_timeout=per_test_timeout,
+                          pythonpath=spec.pythonpath, pytest_args=spec.pytest_args)
+    env = {**SANDBOX_ENV, **runtime.env}
+    res = await sb.exec(cmd, timeout=timeout, env=env, output_limit=64 << 20)
+    run = runners.parse(runtime.runner, res.output, test_ids, nonce, log_parser=spec.log_parser)
+    results = dict(run.statuses)
     missing = "timeout" if res.timed_out else "not_run"
     for t in test_ids:
         if t not in results:
-            why = "the overall test timeout fired first" if res.timed_out else f"the runner stopped: {_tail(runner_out, 500)}"
+            why = "the overall test timeout fired first" if res.timed_out else f"the runner stopped: {_tail(res.output, 500)}"
             results[t] = (missing, why)
-    return results, res.timed_out, runner_out
+    return results, res.timed_out, res.output, run.conflicts
 
 
 async def grade(
@@ -210,55 +243,63 @@ async def grade(
     *,
     spec: Any = None,
     repo_store: RepoStore | None = None,
+    images: ImageBuilder | None = None,
     sandbox_factory: SandboxFactory | None = None,
     timeout_s: float = 600.0,
     per_test_timeout_s: float = 60.0,
 ) -> GradeResult:
     """Grades ``model_patch`` for ``instance`` in a fresh sandbox (see the module doc); returns a GradeResult.
 
-    ``spec`` is the ``SandboxSpec`` (default :func:`default_spec`), ``repo_store`` finds the repository (default:
-    the shipped suite), ``sandbox_factory`` gives the sandbox (see :data:`SandboxFactory`; e.g. ``pool.acquire``),
-    ``timeout_s`` bounds the test run, ``per_test_timeout_s`` each test. The sandbox is always released.
-    Raises ``SandboxError`` on infrastructure failures and ``RepoError`` for a missing repo.
+    ``images`` prepares the instance's image (default: one over ``spec``, ``repo_store`` and no env specs);
+    ``spec`` is the base ``SandboxSpec`` (default :func:`default_spec`), ``repo_store`` finds the repository
+    (default: the shipped suite), ``sandbox_factory`` gives the sandbox (see :data:`SandboxFactory`; e.g.
+    ``pool.acquire``), ``timeout_s`` bounds the test run, ``per_test_timeout_s`` each test. The sandbox is always
+    released. Raises ``SandboxError`` on infrastructure failures, ``RepoError``/``ImageError``/``EnvSpecError``
+    when the instance's image cannot be prepared.
     """
     t0 = time.monotonic()
-    store = repo_store or RepoStore()
-    spec = spec if spec is not None else default_spec()
-    local = await asyncio.to_thread(store.checkout, instance.repo, instance.base_commit)
+    if images is None:
+        images = ImageBuilder(spec if spec is not None else default_spec(), repo_store or RepoStore())
+    runtime = await asyncio.to_thread(images.prepare, instance)
     log: list[str] = []
 
     def result(**kw: Any) -> GradeResult:
-        return GradeResult(instance_id=instance.instance_id, duration=time.monotonic() - t0, log=_tail("\n".join(log), 4000), **kw)
+        return GradeResult(instance_id=instance.instance_id, runner=runtime.runner, duration=time.monotonic() - t0,
+                           log=_tail("\n".join(log), 4000), **kw)
 
     ids = list(dict.fromkeys(instance.FAIL_TO_PASS + instance.PASS_TO_PASS))
-    async with (sandbox_factory or make_sandbox)(spec) as sb:
-        await sb.upload(local, spec.workdir)
-        await stage_files(sb, {
-            "model.patch": _patch_text(model_patch),
-            "test.patch": _patch_text(instance.test_patch),
-            "unittest_runner.py": RUNNER_PATH.read_bytes(),
-            "ids.txt": "\n".join(ids) + "\n",
-        })
+    graded = runners.test_files(ids, images.repo_store.checkout(instance.repo, instance.base_commit), runtime.runner)
+    restore, touched = protected_paths(instance, model_patch, graded)
+    guard = list(dict.fromkeys([*graded, *patch_paths(instance.test_patch)]))
+    nonce = runners.new_nonce()
+    files = runners.stage(runtime.runner, ids, guard, nonce, runtime.env_spec.test_cmd)
+    files.update({"model.patch": _patch_text(model_patch), "test.patch": _patch_text(instance.test_patch)})
+    async with (sandbox_factory or make_sandbox)(runtime.sandbox) as sb:
+        await materialize(sb, runtime)
+        await stage_files(sb, files)
         if model_patch.strip():
             applied, out = await apply_patch(sb, f"{GRADE_DIR}/model.patch")
             log.append(f"$ git apply model.patch\n{out}")
             if not applied:
-                return result(resolved=False, applied=False, reason=f"patch does not apply: {_tail(out, 800)}")
+                return result(resolved=False, applied=False, reason=f"patch does not apply: {_tail(out, 800)}",
+                              protected_touched=touched)
         else:
             log.append("(empty model patch)")
-        test_ok, out = await apply_test_patch(sb, instance, f"{GRADE_DIR}/test.patch")
-        log.append(f"$ reset test files; git apply test.patch\n{out}")
+        test_ok, out = await restore_and_apply_tests(sb, runtime.base_commit, restore, f"{GRADE_DIR}/test.patch")
+        log.append(f"$ restore {len(restore)} protected path(s); git apply test.patch\n{out}")
         if not test_ok:
-            return result(resolved=False, applied=True, reason=f"test patch does not apply: {_tail(out, 800)}")
-        results, timed_out, out = await run_tests(sb, ids, timeout=timeout_s, per_test_timeout=per_test_timeout_s)
-        log.append(f"$ unittest_runner ({len(ids)} tests)\n{out}")
+            return result(resolved=False, applied=True, reason=f"test patch does not apply: {_tail(out, 800)}",
+                          protected_touched=touched)
+        results, timed_out, out, conflicts = await run_tests(sb, runtime, ids, nonce, timeout=timeout_s,
+                                                             per_test_timeout=per_test_timeout_s)
+        log.append(f"$ {runtime.runner} runner ({len(ids)} tests)\n{out}")
     f2p = {t: results[t][0] for t in instance.FAIL_TO_PASS}
     p2p = {t: results[t][0] for t in instance.PASS_TO_PASS}
-    details = {t: _tail(d, 1500) for t, (s, d) in results.items() if s != PASS}
+    details = {t: _tail(d, 1500) for t, (s, d) in results.items() if s not in runners.PASSING}
     problems = []
-    if any(s != PASS for s in f2p.values()):
+    if any(s not in runners.PASSING for s in f2p.values()):
         problems.append(f"FAIL_TO_PASS not passing: {_summarise(f2p)}")
-    if any(s != PASS for s in p2p.values()):
+    if any(s not in runners.PASSING for s in p2p.values()):
         problems.append(f"PASS_TO_PASS broken: {_summarise(p2p)}")
     if timed_out:
         problems.append(f"the test run timed out after {timeout_s:g}s")
@@ -269,5 +310,7 @@ async def grade(
         fail_to_pass=f2p,
         pass_to_pass=p2p,
         details=details,
+        protected_touched=touched,
+        conflicts=conflicts,
         timed_out=timed_out,
     )

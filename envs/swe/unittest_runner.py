@@ -1,21 +1,29 @@
-"""Runs unittest test ids one at a time and records one JSON line per id. Standalone: stdlib only, Python 3.8+.
+"""Runs unittest test ids one at a time and reports one framed line per id. Standalone: stdlib only, Python 3.8+.
 
 The grader copies this file into the grading sandbox and runs it from the repository root::
 
-    python3 unittest_runner.py --out RESULTS.jsonl [--per-test-timeout S] [--ids-file FILE] [ID ...]
+    python3 -I -B unittest_runner.py --nonce-file F [--per-test-timeout S] [--ids-file FILE] [--path DIR ...]
+                                     [--guard-file LIST] [ID ...]
     python3 unittest_runner.py --list [--start tests]      # prints the discovered test ids, one a line
 
-Each line of ``RESULTS.jsonl`` is ``{"id": ID, "status": STATUS, "detail": TEXT}``, written and flushed as soon as
-that id has run, so a run killed from outside (overall timeout, ``os._exit`` in a test) keeps what finished.
+Each result is a stdout line ``@@agentrl:NONCE:result {"id": ID, "status": STATUS, "detail": TEXT}``, written and
+flushed as soon as that id has run (so a run killed from outside keeps what finished), then ``@@agentrl:NONCE:end``.
 STATUS is one of ``pass``, ``fail``, ``error``, ``skip``, ``timeout`` or ``missing`` (the id names no test: its
 module, class or method does not exist). Only ``pass`` counts as passing.
+
+Integrity: the nonce is read from a file deleted before any repository code runs (code under test cannot forge a
+result line; there is no results file to overwrite), and the interpreter exits at once after the last line. The
+files of ``--guard-file`` are hashed first and checked before each id is loaded and at the end: a change makes the
+remaining results, and the final verdict, ``error``.
 
 The per-test timeout is a SIGALRM armed around each test method; it interrupts pure-Python loops and sleeps. A test
 blocked inside C code is left to the caller's overall timeout.
 """
 
 import argparse
+import hashlib
 import io
+import os
 import json
 import re
 import signal
@@ -115,33 +123,67 @@ def list_tests(start):
     return out
 
 
+def _digest(path):
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ids", nargs="*")
     ap.add_argument("--ids-file", help="file with more test ids, one a line (for long lists)")
-    ap.add_argument("--out", help="JSON-lines results file")
+    ap.add_argument("--nonce-file", help="file holding the nonce of the result lines (deleted once read)")
+    ap.add_argument("--guard-file", help="file listing the graded files whose bytes must not change")
+    ap.add_argument("--path", action="append", default=[], help="directory put first on sys.path (repeatable)")
     ap.add_argument("--per-test-timeout", type=float, default=30.0)
     ap.add_argument("--list", action="store_true", help="print the discovered test ids and exit")
     ap.add_argument("--start", default="tests")
     args = ap.parse_args(argv)
-    sys.path.insert(0, ".")
+    sys.path[:0] = [os.path.abspath(p) for p in args.path] + [os.path.abspath(".")]
     sys.dont_write_bytecode = True
     if args.list:
         for test_id in list_tests(args.start):
             print(test_id)
         return 0
-    if not args.out:
-        ap.error("--out is required unless --list is given")
+    if not args.nonce_file:
+        ap.error("--nonce-file is required unless --list is given")
+    with io.open(args.nonce_file, encoding="utf-8") as f:
+        nonce = f.read().strip()
+    os.unlink(args.nonce_file)
     ids = list(args.ids)
     if args.ids_file:
         with io.open(args.ids_file, encoding="utf-8") as f:
             ids += [line.strip() for line in f if line.strip()]
-    with io.open(args.out, "w", encoding="utf-8") as f:
-        for test_id in ids:
-            status, detail = run_one(test_id, args.per_test_timeout)
-            f.write(json.dumps({"id": test_id, "status": status, "detail": detail}) + "\n")
-            f.flush()
-    return 0
+    guarded = []
+    if args.guard_file:
+        with io.open(args.guard_file, encoding="utf-8") as f:
+            guarded = [line.rstrip("\n") for line in f if line.strip()]
+    hashes = {p: _digest(p) for p in guarded}
+    out = sys.stdout
+    changed = []
+
+    def intact():
+        changed[:] = [p for p, h in hashes.items() if _digest(p) != h]
+        return not changed
+
+    def emit(test_id, status, detail):
+        out.write("@@agentrl:%s:result %s\n" % (nonce, json.dumps({"id": test_id, "status": status, "detail": detail})))
+        out.flush()
+
+    for test_id in ids:
+        if not intact():
+            emit(test_id, "error", "graded files changed while the tests ran: %s" % ", ".join(changed))
+            continue
+        status, detail = run_one(test_id, args.per_test_timeout)
+        emit(test_id, status, detail)
+    if not intact():
+        emit("<guard>", "error", "graded files changed while the tests ran: %s" % ", ".join(changed))
+    out.write("@@agentrl:%s:end\n" % nonce)
+    out.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Validation of an SWE suite: every instance must be resolved by its gold patch and not by the empty patch.
 
-    python -m agentrl.envs.swe.validate [--instances FILE] [--repos-dir DIR] [--ids ID ...] [--concurrency N]
-                                        [--backend docker|bwrap|auto] [--image IMAGE] [--episodes] [--json OUT]
+    python -m agentrl.envs.swe.validate [--instances FILE] [--repos-dir DIR] [--env-specs FILE] [--ids ID ...]
+                                        [--concurrency N] [--backend docker|bwrap|auto] [--image IMAGE] [--episodes]
+                                        [--json OUT]
 
 Grades the gold and the empty patch of every instance (in fresh sandboxes, ``--concurrency`` instances at a time),
 prints a table and exits 1 if any instance fails (2 on a usage or setup error). With ``--episodes`` it also plays
@@ -22,7 +23,9 @@ from typing import Any, Callable, Sequence
 
 from agentrl.policy import EpisodeMeta, Policy, ScriptedPolicy
 
+from .envspec import EnvSpecError, EnvSpecs
 from .grader import GradeResult, grade
+from .images import ImageBuilder
 from .instances import SWEInstance, load_instances
 from .repos import SUITE_INSTANCES, RepoStore
 
@@ -83,11 +86,11 @@ class ValidationRow:
 
 
 async def validate_instance(
-    inst: SWEInstance, *, spec: Any, store: RepoStore, episodes: bool, env_factory: Callable[[], Any] | None
+    inst: SWEInstance, *, images: ImageBuilder, episodes: bool, env_factory: Callable[[], Any] | None
 ) -> ValidationRow:
     retried: list[str] = []
     for attempt in range(2):  # an infrastructure failure (engine hiccup, container killed from outside) is retried once
-        row = await _validate_once(inst, spec=spec, store=store, episodes=episodes, env_factory=env_factory)
+        row = await _validate_once(inst, images=images, episodes=episodes, env_factory=env_factory)
         infra = [p for p in row.problems if p.startswith("SandboxError")]
         if not infra:
             break
@@ -98,13 +101,14 @@ async def validate_instance(
 
 
 async def _validate_once(
-    inst: SWEInstance, *, spec: Any, store: RepoStore, episodes: bool, env_factory: Callable[[], Any] | None
+    inst: SWEInstance, *, images: ImageBuilder, episodes: bool, env_factory: Callable[[], Any] | None
 ) -> ValidationRow:
     t0 = time.monotonic()
     row = ValidationRow(inst.instance_id)
     try:
-        row.gold, row.empty = await asyncio.gather(grade(inst, inst.patch, spec=spec, repo_store=store),
-                                                   grade(inst, "", spec=spec, repo_store=store))
+        await asyncio.to_thread(images.prepare, inst)  # build the image once, before both grades need it
+        row.gold, row.empty = await asyncio.gather(grade(inst, inst.patch, images=images),
+                                                   grade(inst, "", images=images))
         if not row.gold.resolved:
             row.problems.append(f"gold patch not resolved: {row.gold.reason}")
         if row.empty.resolved:
@@ -132,6 +136,7 @@ async def validate_instances(
     *,
     spec: Any = None,
     repo_store: RepoStore | None = None,
+    env_specs: EnvSpecs | None = None,
     concurrency: int = 4,
     episodes: bool = False,
     env_kwargs: dict[str, Any] | None = None,
@@ -146,14 +151,15 @@ async def validate_instances(
         from .grader import default_spec
 
         spec = default_spec()
+    images = ImageBuilder(spec, store, env_specs)
     sem = asyncio.Semaphore(max(1, concurrency))
 
     def env_factory() -> Any:
-        return SWEEnv(list(instances), repo_store=store, **dict(env_kwargs or {}, sandbox=spec))
+        return SWEEnv(list(instances), images=images, **dict(env_kwargs or {}, sandbox=spec))
 
     async def one(inst: SWEInstance) -> ValidationRow:
         async with sem:
-            row = await validate_instance(inst, spec=spec, store=store, episodes=episodes, env_factory=env_factory)
+            row = await validate_instance(inst, images=images, episodes=episodes, env_factory=env_factory)
         if progress is not None:
             progress(row)
         return row
@@ -186,6 +192,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p = parser or argparse.ArgumentParser(prog="python -m agentrl.envs.swe.validate", description=__doc__.splitlines()[0])
     p.add_argument("--instances", default=str(SUITE_INSTANCES), help="SWE-bench-format JSONL (default: the shipped suite)")
     p.add_argument("--repos-dir", default=None, help="directory of repositories (default: the suite's)")
+    p.add_argument("--env-specs", default=None, help="YAML/JSON env specs per repository and version")
     p.add_argument("--cache-dir", default=None, help="where working copies are built (default ~/.cache/agentrl/swe)")
     p.add_argument("--ids", nargs="*", default=None, help="validate only these instance ids")
     p.add_argument("--concurrency", type=int, default=4, help="instances validated at once (2 sandboxes each)")
@@ -204,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         instances = load_instances(args.instances, args.ids)
         spec = _sandbox_spec({"backend": args.backend, **({"image": args.image} if args.image else {})})
-    except (InstanceError, ValueError) as e:
+        env_specs = EnvSpecs.load(args.env_specs)
+    except (InstanceError, EnvSpecError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     store = RepoStore(args.repos_dir, args.cache_dir) if args.repos_dir else RepoStore(cache_dir=args.cache_dir)
@@ -216,8 +224,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{done[0]}/{len(instances)}] {row.instance_id}: {'ok' if row.ok else 'FAIL: ' + '; '.join(row.problems)}",
               file=sys.stderr, flush=True)
 
-    rows = asyncio.run(validate_instances(instances, spec=spec, repo_store=store, concurrency=args.concurrency,
-                                          episodes=args.episodes, progress=progress))
+    rows = asyncio.run(validate_instances(instances, spec=spec, repo_store=store, env_specs=env_specs,
+                                          concurrency=args.concurrency, episodes=args.episodes, progress=progress))
     wall = time.monotonic() - t0
     print(format_table(rows, args.episodes))
     failed = [r for r in rows if not r.ok]

@@ -45,6 +45,7 @@ async def test_oracle_episode_resolves():
     info = res.info
     assert info["resolved"] is True and info["exit_reason"] == "submitted"
     assert info["grade"]["reason"] == "resolved" and info["grade"]["fail_to_pass_fraction"] == 1.0
+    assert info["integrity"] == {"git_history": [], "protected_touched": [], "flagged": False}
     # the submitted diff is the gold change, taken with git diff against base_commit (no stray files)
     assert info["patch"].startswith("diff --git a/statsmini/describe.py")
     assert "+    return (values[mid - 1] + values[mid]) / 2" in info["patch"] and "gold.patch" not in info["patch"]
@@ -115,6 +116,36 @@ async def test_invalid_calls_tools_and_truncation_grades_current_diff():
         assert term and reward == 0.0 and "episode is over" in msgs[0]["content"]
     finally:
         await env.aclose()
+
+
+async def test_reads_are_bounded_in_the_sandbox_before_reaching_the_driver():
+    """A 512 MiB sparse file (and a 3 MiB real one, and a symlink to the big one) are refused by view and
+    str_replace with their size, without the driver reading them."""
+    import resource
+
+    env = SWEEnv(instance_ids=[STATS])
+    try:
+        obs, _ = await env.areset(options={"instance_id": STATS})
+        assert "Tests use unittest: `python3 -m unittest -v tests.test_describe`" in obs[0]["content"]
+        await env.astep(call("bash", {"command": "truncate -s 512M big.bin && head -c 3000000 /dev/zero | tr '\\0' a > mid.txt"
+                                                 " && ln -s big.bin link.bin && ls -la"}))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        texts = []
+        for action in (call("view", {"path": "big.bin"}), call("view", {"path": "link.bin"}),
+                       call("str_replace", {"path": "big.bin", "old_str": "a", "new_str": "b"}),
+                       call("view", {"path": "mid.txt", "start_line": 1, "end_line": 1})):
+            msgs, reward, term, trunc, info = await env.astep(action)
+            texts.append(msgs[0]["content"])
+            assert info["invalid_calls"] == 1 and not term
+        grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        msgs, *_ = await env.astep(call("bash", {"command": "git log --all --oneline; git fsck --lost-found"}))
+        msgs, reward, term, trunc, info = await env.astep(call("submit", {}))
+    finally:
+        await env.aclose()
+    assert all("536870912 bytes" in t for t in texts[:3]) and "3000000 bytes" in texts[3], texts
+    assert "use bash" not in texts[0] and "with bash" in texts[0]
+    assert grown_kib < 64 * 1024, f"the driver grew by {grown_kib} KiB"
+    assert info["integrity"]["flagged"] and info["integrity"]["git_history"] == ["git log --all --oneline; git fsck --lost-found"]
 
 
 async def test_partial_credit_and_multiple_calls_per_turn():

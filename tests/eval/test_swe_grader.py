@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.envs.swe.grader import grade
 from agentrl.envs.swe.instances import load_instances
-from agentrl.envs.swe.repos import SUITE_INSTANCES, RepoStore, git
+from agentrl.envs.swe.repos import SUITE_INSTANCES, RepoStore, git, patch_paths
 
 pytestmark = pytest.mark.docker
 
@@ -84,16 +84,20 @@ async def test_tests_time_out(tmp_path):
     assert overall.duration < 60
 
 
-async def test_test_file_deleted_by_the_patch(tmp_path):
-    # tests/test_account.py holds PASS_TO_PASS tests and the test patch does not touch it: they go missing.
+async def test_test_files_deleted_or_edited_by_the_patch_are_restored(tmp_path):
+    # tests/test_account.py holds PASS_TO_PASS tests and the test patch does not touch it: restored all the same,
+    # as is tests/test_bank.py (touched by the test patch); the gold fix still resolves, the edits are reported.
     gone = make_patch(tmp_path / "a", LEDGER, deletes=["tests/test_account.py"])
-    # tests/test_bank.py is touched by the test patch: it is restored from base_commit before the test patch.
     restored = make_patch(tmp_path / "b", LEDGER, deletes=["tests/test_bank.py"])
-    a, b = await asyncio.gather(grade(LEDGER, gone), grade(LEDGER, restored))
-    assert not a.resolved and a.applied
-    assert a.pass_to_pass["tests.test_account.TestAccount.test_overdraw"] == "missing"
-    assert "PASS_TO_PASS broken" in a.reason and set(a.fail_to_pass.values()) == {"pass"}
-    assert b.resolved, b.reason
+    # without the fix, making the graded tests trivial does not help: they are restored
+    trivial = make_patch(tmp_path / "c", LEDGER, gold=False, edits={
+        "tests/test_bank.py": lambda s: s.replace("def test_", "def _off_").replace("class ", "class _Off") + "\n",
+    })
+    a, b, c = await asyncio.gather(grade(LEDGER, gone), grade(LEDGER, restored), grade(LEDGER, trivial))
+    assert a.resolved and a.protected_touched == ["tests/test_account.py"], a.reason
+    assert b.resolved and b.protected_touched == ["tests/test_bank.py"], b.reason
+    assert not c.resolved and c.protected_touched == ["tests/test_bank.py"]
+    assert set(c.fail_to_pass.values()) == {"fail"}, c.reason
 
 
 async def test_pass_to_pass_broken(tmp_path):
@@ -135,3 +139,53 @@ async def test_bwrap_backend_grades_the_same():
     gold, empty = await asyncio.gather(grade(STATS, STATS.patch, spec=spec), grade(STATS, "", spec=spec))
     assert gold.resolved and gold.reason == "resolved"
     assert not empty.resolved and set(empty.fail_to_pass.values()) == {"fail"}
+
+
+@pytest.mark.bwrap
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+async def test_grades_as_another_unprivileged_user(backend):
+    """The sandbox user may be any unprivileged uid (not the image's 1000): the work dir is the user's, the image's
+    /agentrl is only read."""
+    from agentrl.sandboxes import SandboxSpec
+
+    spec = SandboxSpec(backend=backend, user="4242:4242")
+    gold, empty = await asyncio.gather(grade(STATS, STATS.patch, spec=spec), grade(STATS, "", spec=spec))
+    assert gold.resolved, gold.log[-2000:]
+    assert not empty.resolved and set(empty.fail_to_pass.values()) == {"fail"}
+
+
+async def test_authoring_uses_the_real_base_commit_and_measures_tests_in_the_image(tmp_path):
+    """Two commits of a repository (the fix and its new tests in the second): the instance starts at the first
+    commit's own id (given abbreviated), and FAIL_TO_PASS/PASS_TO_PASS come from the grader's runs in the image."""
+    from agentrl.envs.swe.authoring import make_instance
+    from agentrl.envs.swe.envspec import EnvSpecs
+    from agentrl.envs.swe.instances import parse_instance
+    from agentrl.sandboxes import SandboxSpec
+
+    repo = tmp_path / "repos" / "acme__dbl"
+    (repo / "m").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "m" / "__init__.py").write_text("def double(x):\n    return x + x if x > 0 else x\n")
+    (repo / "tests" / "__init__.py").write_text("")
+    (repo / "tests" / "test_m.py").write_text(
+        "import unittest\nfrom m import double\n\nclass T(unittest.TestCase):\n"
+        "    def test_pos(self):\n        self.assertEqual(double(2), 4)\n")
+    env = ["-c", "user.name=t", "-c", "user.email=t@t"]
+    git("init", "-q", cwd=repo)
+    git(*env, "add", "-A", cwd=repo)
+    git(*env, "commit", "-qm", "base", cwd=repo)
+    base = git("rev-parse", "HEAD", cwd=repo).strip()
+    (repo / "m" / "__init__.py").write_text("def double(x):\n    return x + x\n")
+    (repo / "tests" / "test_neg.py").write_text(
+        "import unittest\nfrom m import double\n\nclass N(unittest.TestCase):\n"
+        "    def test_neg(self):\n        self.assertEqual(double(-2), -4)\n"
+        "    def test_zero(self):\n        self.assertEqual(double(0), 0)\n")
+    git(*env, "add", "-A", cwd=repo)
+    git(*env, "commit", "-qm", "fix", cwd=repo)
+    data, broken = await make_instance(RepoStore(tmp_path / "repos", tmp_path / "cache"), "acme/dbl", base[:8], "HEAD",
+                                       "double() is wrong for negatives", env_specs=EnvSpecs(),
+                                       sandbox=SandboxSpec(backend="docker"))
+    inst = parse_instance(data)
+    assert inst.base_commit == base and broken == []
+    assert inst.FAIL_TO_PASS == ("tests.test_neg.N.test_neg",) and inst.PASS_TO_PASS == ("tests.test_neg.N.test_zero",)
+    assert patch_paths(inst.patch) == ["m/__init__.py"] and patch_paths(inst.test_patch) == ["tests/test_neg.py"]

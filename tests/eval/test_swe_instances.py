@@ -1,15 +1,13 @@
-"""SWE instances, the shipped suite's files and the test runner (no sandbox needed)."""
+"""SWE instances, the shipped suite's files and the repository store's single-commit exports (no sandbox needed)."""
 
 import json
-import shutil
 import subprocess
-import sys
+import tarfile
 
 import pytest
 
 from agentrl.envs.swe.instances import InstanceError, load_instances, parse_lines
 from agentrl.envs.swe.repos import SUITE_INSTANCES, SUITE_REPOS, RepoError, RepoStore, build_git_repo, git, patch_paths
-from agentrl.envs.swe.grader import RUNNER_PATH
 
 GOOD = {
     "instance_id": "o__r-1", "repo": "o/r", "base_commit": "abc", "patch": "", "test_patch": "",
@@ -92,99 +90,117 @@ def test_build_is_deterministic_and_mode_independent(tmp_path):
     assert build_git_repo(src, tmp_path / "c") != a
 
 
-def test_repo_store_checkout_sources(tmp_path):
-    src = tmp_path / "repos" / "owner__proj"
-    (src).mkdir(parents=True)
-    (src / "f.txt").write_text("v1\n")
+MARKER = "FUTURE_FIX_MARKER_6d1f"
+
+
+def _history_repo(path):
+    """A clone-like repository: the base commit, then a later commit holding the fix (with a unique marker), a
+    branch, a tag, a stash-like dangling commit and packed refs."""
+    path.mkdir(parents=True)
+    git("init", "-q", cwd=path)
+    (path / "m.py").write_text("def f():\n    return 1\n")
+    env = ["-c", "user.name=t", "-c", "user.email=t@t"]
+    git(*env, "add", "-A", cwd=path)
+    git(*env, "commit", "-qm", "base", cwd=path)
+    base = git("rev-parse", "HEAD", cwd=path).strip()
+    (path / "m.py").write_text(f"def f():\n    return 2  # {MARKER}\n")
+    git(*env, "commit", "-qam", f"fix {MARKER}", cwd=path)
+    future = git("rev-parse", "HEAD", cwd=path).strip()
+    git("branch", "fix-branch", cwd=path)
+    git("tag", "v2", cwd=path)
+    (path / "m.py").write_text(f"# dangling {MARKER}\n")
+    git(*env, "commit", "-qam", "dangling", cwd=path)
+    git("reset", "-q", "--hard", "HEAD~1", cwd=path)  # the dangling commit stays in objects and the reflog
+    git("pack-refs", "--all", cwd=path)
+    return base, future
+
+
+def _assert_only_base(work, base, future):
+    """Nothing after ``base`` is reachable or even present in the export."""
+    assert git("rev-parse", "HEAD", cwd=work).strip() == base
+    assert git("log", "--all", "--format=%H", cwd=work).split() == [base]
+    assert git("reflog", "--all", cwd=work).strip() in ("", f"{base[:7]} refs/heads/main@{{0}}: ")
+    assert not (work / ".git" / "packed-refs").exists() and not (work / ".git" / "logs").exists()
+    assert git("for-each-ref", cwd=work).split() == [base, "commit", "refs/heads/main"]
+    fsck = subprocess.run(["git", "fsck", "--lost-found", "--no-progress"], cwd=work, capture_output=True, text=True)
+    assert "dangling" not in fsck.stdout + fsck.stderr and not (work / ".git" / "lost-found").exists()
+    objects = git("cat-file", "--batch-all-objects", "--batch-check", cwd=work).split("\n")
+    assert len([o for o in objects if o.strip()]) == 3  # the commit, its tree, one blob
+    everything = subprocess.run(["git", "cat-file", "--batch-all-objects", "--batch"], cwd=work, capture_output=True)
+    assert MARKER.encode() not in everything.stdout and future.encode() not in everything.stdout
+    assert subprocess.run(["git", "cat-file", "-e", future], cwd=work).returncode != 0
+    assert "return 1" in (work / "m.py").read_text()
+
+
+@pytest.mark.parametrize("form", ["clone", "bare", "bundle", "tarball"])
+def test_export_holds_only_base_commit_whatever_the_source(tmp_path, form):
+    """Full ids and abbreviated ids, from every source form: a fresh single-commit repository, no future commit."""
     repos = tmp_path / "repos"
+    src = tmp_path / "src" / "clone"
+    base, future = _history_repo(src)
+    if form == "clone":
+        repos.mkdir()
+        git("clone", "-q", str(src), str(repos / "o__p"), cwd=tmp_path)  # origin refs, remote branches, tags
+    elif form == "bare":
+        repos.mkdir()
+        git("clone", "-q", "--mirror", str(src), str(repos / "o__p"), cwd=tmp_path)
+    elif form == "bundle":
+        repos.mkdir()
+        git("bundle", "create", str(repos / "o__p.bundle"), "--all", cwd=src)
+    else:
+        repos.mkdir()
+        with tarfile.open(repos / "o__p.tar.gz", "w:gz") as tar:
+            tar.add(str(src), arcname="p")
     store = RepoStore(repos, tmp_path / "cache")
-    # plain files: only the commit they build is accepted
+    for commit in (base, base[:7]):
+        exp = store.export("o/p", commit)
+        assert exp.commit == base
+        _assert_only_base(exp.path, base, future)
+    assert store.checkout("o/p", base) == exp.path  # cached
+    with pytest.raises(RepoError, match="not a commit"):
+        store.export("o/p", "f" * 40)
+
+
+def test_export_of_plain_files_and_errors(tmp_path):
+    src = tmp_path / "repos" / "owner__proj"
+    src.mkdir(parents=True)
+    (src / "f.txt").write_text("v1\n")
+    store = RepoStore(tmp_path / "repos", tmp_path / "cache")
     commit = build_git_repo(src, tmp_path / "probe")
-    work = store.checkout("owner/proj", commit)
-    assert (work / "f.txt").read_text() == "v1\n" and git("rev-parse", "HEAD", cwd=work).strip() == commit
-    assert store.checkout("owner/proj", commit) == work  # cached
+    exp = store.export("owner/proj", commit[:10])
+    assert exp.commit == commit and (exp.path / "f.txt").read_text() == "v1\n"
+    assert git("rev-list", "--all", "--count", cwd=exp.path).strip() == "1"
     with pytest.raises(RepoError, match="build commit"):
-        store.checkout("owner/proj", "0" * 40)
-    # a git repo with history: an older commit is checked out
-    g = repos / "other"
-    build_git_repo(src, g)
-    (g / "f.txt").write_text("v2\n")
-    git("add", "-A", cwd=g)
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "two", cwd=g)
-    old = git("rev-parse", "HEAD~1", cwd=g).strip()
-    assert (store.checkout("x/other", old) / "f.txt").read_text() == "v1\n"
-    shallow = store.checkout("x/other", git("rev-parse", "HEAD", cwd=g).strip())
-    assert (shallow / "f.txt").read_text() == "v2\n"
-    assert git("rev-list", "--count", "HEAD", cwd=shallow).strip() == "1"  # the history is not copied
-    with pytest.raises(RepoError, match="cannot be checked out"):
-        store.checkout("x/other", "f" * 40)
-    # a bundle
-    git("bundle", "create", str(repos / "bund.bundle"), "--all", cwd=g)
-    assert (store.checkout("x/bund", old) / "f.txt").read_text() == "v1\n"
+        store.export("owner/proj", "0" * 40)
     with pytest.raises(RepoError, match="not found"):
-        store.checkout("x/absent", old)
+        store.export("owner/absent", commit)
+    with pytest.raises(RepoError, match="invalid base_commit"):
+        store.export("owner/proj", "--upload-pack=evil")
+    # a tarball of plain files (an sdist, say): built like a directory
+    with tarfile.open(tmp_path / "repos" / "other__tar.tgz", "w:gz") as tar:
+        tar.add(str(src), arcname="tar-1.0")
+    assert store.export("other/tar", commit).commit == commit
+
+
+def test_repos_are_keyed_by_full_name(tmp_path):
+    """owner1/utils and owner2/utils never share one directory; the bare name serves one owner only."""
+    repos = tmp_path / "repos"
+    for owner, text in (("owner1", "one"), ("owner2", "two")):
+        (repos / f"{owner}__utils").mkdir(parents=True)
+        (repos / f"{owner}__utils" / "u.py").write_text(text)
+    store = RepoStore(repos, tmp_path / "cache")
+    c1 = build_git_repo(repos / "owner1__utils", tmp_path / "p1")
+    c2 = build_git_repo(repos / "owner2__utils", tmp_path / "p2")
+    assert (store.checkout("owner1/utils", c1) / "u.py").read_text() == "one"
+    assert (store.checkout("owner2/utils", c2) / "u.py").read_text() == "two"
+    (repos / "utils").mkdir()
+    (repos / "utils" / "u.py").write_text("bare")
+    c3 = build_git_repo(repos / "utils", tmp_path / "p3")
+    assert (store.checkout("owner3/utils", c3) / "u.py").read_text() == "bare"
+    with pytest.raises(RepoError, match="also used for 'owner3/utils'"):
+        store.checkout("owner4/utils", c3)
 
 
 def test_patch_paths():
     p = "diff --git a/x/y.py b/x/y.py\n--- a/x/y.py\n+++ b/x/y.py\ndiff --git a/old.py b/new.py\n"
     assert patch_paths(p) == ["x/y.py", "old.py", "new.py"]
-
-
-def test_runner_statuses(tmp_path):
-    """The in-sandbox runner, run here with the host's python: every status it can give."""
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "__init__.py").write_text("")
-    (tmp_path / "tests" / "test_m.py").write_text(
-        "import time, unittest\n"
-        "class T(unittest.TestCase):\n"
-        "    def test_ok(self): print('noise')\n"
-        "    def test_fail(self): self.assertEqual(1, 2)\n"
-        "    def test_err(self): raise KeyError('k')\n"
-        "    @unittest.skip('why')\n"
-        "    def test_skip(self): pass\n"
-        "    def test_loop(self):\n"
-        "        try:\n"
-        "            while True: pass\n"
-        "        except Exception: pass\n"
-        "    def test_sleep(self): time.sleep(30)\n"
-    )
-    (tmp_path / "tests" / "test_broken.py").write_text("import nonexistent_module_xyz\n")
-    ids = ["tests.test_m.T.test_ok", "tests.test_m.T.test_fail", "tests.test_m.T.test_err", "tests.test_m.T.test_skip",
-           "tests.test_m.T.test_loop", "tests.test_m.T.test_sleep", "tests.test_m.T.test_absent", "tests.test_gone.T.test_x",
-           "tests.test_broken.T.test_x"]
-    out = tmp_path / "r.jsonl"
-    proc = subprocess.run([sys.executable, str(RUNNER_PATH), "--out", str(out), "--per-test-timeout", "0.5", *ids],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert "noise" not in proc.stdout
-    got = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["id"] for r in got] == ids
-    assert [r["status"] for r in got] == ["pass", "fail", "error", "skip", "timeout", "timeout", "missing", "missing", "error"]
-    listed = subprocess.run([sys.executable, str(RUNNER_PATH), "--list"], cwd=tmp_path, capture_output=True, text=True)
-    assert "tests.test_m.T.test_fail" in listed.stdout.split()
-
-
-def test_authoring_measures_fail_to_pass_and_pass_to_pass(tmp_path):
-    from agentrl.envs.swe.authoring import make_instance
-    from agentrl.envs.swe.instances import parse_instance
-
-    base = tmp_path / "base"
-    (base / "m").mkdir(parents=True)
-    (base / "tests").mkdir()
-    (base / "m" / "__init__.py").write_text("def double(x):\n    return x + x if x > 0 else x\n")
-    (base / "tests" / "__init__.py").write_text("")
-    (base / "tests" / "test_m.py").write_text(
-        "import unittest\nfrom m import double\n\nclass T(unittest.TestCase):\n"
-        "    def test_pos(self):\n        self.assertEqual(double(2), 4)\n")
-    fixed = tmp_path / "fixed"
-    shutil.copytree(base, fixed)
-    (fixed / "m" / "__init__.py").write_text("def double(x):\n    return x + x\n")
-    (fixed / "tests" / "test_neg.py").write_text(
-        "import unittest\nfrom m import double\n\nclass N(unittest.TestCase):\n"
-        "    def test_neg(self):\n        self.assertEqual(double(-2), -4)\n"
-        "    def test_zero(self):\n        self.assertEqual(double(0), 0)\n")
-    inst = parse_instance(make_instance("dbl", base, fixed, "double() is wrong for negatives"))
-    assert inst.FAIL_TO_PASS == ("tests.test_neg.N.test_neg",)
-    assert set(inst.PASS_TO_PASS) == {"tests.test_m.T.test_pos", "tests.test_neg.N.test_zero"}
-    assert inst.base_commit == build_git_repo(base, tmp_path / "probe")
-    assert patch_paths(inst.patch) == ["m/__init__.py"] and patch_paths(inst.test_patch) == ["tests/test_neg.py"]

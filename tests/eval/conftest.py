@@ -1,0 +1,105 @@
+"""Shared fixtures of the SWE tests: the real upstream instances (built once from PyPI sdists into the user cache,
+reused across runs) and checks that the sandbox engines are there (a missing engine fails, never skips)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Path:
+    """``instances.jsonl``, ``env_specs.yaml`` and ``repos/`` of the shipped upstream recipes (jinja2 3.1.3->3.1.4,
+    more-itertools 10.3.0->10.4.0), as a user would bring SWE-bench instances."""
+    from agentrl.envs.swe.repos import default_cache_dir
+    from agentrl.envs.swe.upstream import build
+
+    return build(default_cache_dir() / "upstream")
+
+
+@pytest.fixture(scope="session")
+def docker_ready() -> None:
+    from agentrl.sandboxes.docker import docker_available, docker_client
+
+    ok, why = docker_available()
+    assert ok, f"docker is required for the SWE tests: {why}"
+    try:
+        docker_client().images.get("agentrl-base:latest")
+    except Exception as e:
+        pytest.fail(f"image agentrl-base:latest missing (run `agentrl sandboxes build-image`): {e}")
+
+
+@pytest.fixture(scope="session")
+def bwrap_ready() -> None:
+    from agentrl.sandboxes import bwrap_available, rootfs_path
+
+    ok, why = bwrap_available()
+    assert ok, f"bubblewrap is required: {why}"
+    assert rootfs_path("agentrl-base:latest").is_dir(), "run `agentrl sandboxes build-image base` (the bwrap rootfs)"
+
+
+# Runs swebench's own loaders on our files, in a subprocess: swebench.harness imports its harness's dependencies
+# (datasets, modal, dotenv...), which agentrl does not install, so they are stubbed there, in that process only;
+# the functions called never use them for local .jsonl files.
+_SWEBENCH_CHECK = r'''
+import importlib.abc, importlib.machinery, json, sys, types
+from unittest import mock
+
+class _Stub(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return mock.MagicMock(name=f"{self.__name__}.{name}")
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    roots = {"datasets", "dotenv", "modal", "tenacity", "ghapi", "git", "bs4"}
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec):
+        m = _Stub(spec.name)
+        m.__path__ = []
+        return m
+    def exec_module(self, module):
+        pass
+
+sys.meta_path.insert(0, _Finder())
+from swebench.harness.run_evaluation import get_dataset_from_preds
+from swebench.harness.utils import get_predictions_from_file, load_swebench_dataset
+from swebench.types import SWEbenchInstance
+
+# the prediction keys swebench's harness reads (grading.get_eval_report, run_evaluation)
+KEY_INSTANCE_ID, KEY_MODEL, KEY_PREDICTION = "instance_id", "model_name_or_path", "model_patch"
+
+preds_path, dataset_path = sys.argv[1:3]
+preds = get_predictions_from_file(preds_path, dataset_path, "test")
+dataset = load_swebench_dataset(dataset_path, "test")
+by_id = {p[KEY_INSTANCE_ID]: p for p in preds}
+to_run = get_dataset_from_preds(dataset_path, "test", None, by_id, "agentrl-check", False, exclude_completed=False)
+missing = sorted({k for d in dataset for k in SWEbenchInstance.__annotations__ if k not in d})
+print(json.dumps({"preds": preds, "keys": [KEY_INSTANCE_ID, KEY_MODEL, KEY_PREDICTION], "missing_fields": missing,
+                  "dataset": [d["instance_id"] for d in dataset], "to_run": [d["instance_id"] for d in to_run]}))
+'''
+
+
+@pytest.fixture(scope="session")
+def swebench_check():
+    """``check(predictions_path, dataset_path) -> dict``: loads predictions.jsonl and the instances with the official
+    swebench loaders (``get_predictions_from_file``, ``load_swebench_dataset``, ``get_dataset_from_preds``, which
+    raises for predictions of unknown instances) and checks each prediction has exactly swebench's three keys."""
+    import json
+    import subprocess
+    import sys
+
+    def check(preds_path, dataset_path) -> dict:
+        r = subprocess.run([sys.executable, "-c", _SWEBENCH_CHECK, str(preds_path), str(dataset_path)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        for p in out["preds"]:
+            assert sorted(p) == sorted(out["keys"]), p
+            assert isinstance(p[out["keys"][2]], str)
+        return out
+
+    return check
