@@ -310,6 +310,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
 
     engine = make_engine(dataclasses.replace(cfg.engine, model=str(start_model)))
     writer = None
+    make_policy, policy = policy or AgentLoopPolicy, None
     try:
         if step0 > 0:
             await engine.update_weights(await trainer.state_dict_for_inference.remote(), step0)
@@ -321,7 +322,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
             history["eval_before"] = await evaluate(engine, tokenizer, cfg, cfg.eval.episodes)
             log.info("held-out reward before RL: %.3f", history["eval_before"]["reward"])
 
-        policy = (policy or AgentLoopPolicy)(engine, tokenizer, cfg.rollout)
+        policy = make_policy(engine, tokenizer, cfg.rollout)
         summary = await _loop(cfg, files, trainer, engine, policy, tasks, step0, history, writer, tokenizer)
         summary["wall_s"] = time.perf_counter() - t_start
         _atomic_write(files.root / "summary.json", json.dumps(summary, indent=2))
@@ -329,7 +330,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
     finally:
         if writer is not None:
             writer.close()
-        if hasattr(policy, "aclose"):
+        if policy is not None and hasattr(policy, "aclose"):  # the factory's policy (e.g. the gateway's server)
             await policy.aclose()
         await engine.close()
         ray.kill(trainer)

@@ -23,7 +23,9 @@ context the engine was given followed by what it sampled (and the template's clo
 
 ``n > 1``: all ``n`` completions are recorded and trained with the session's reward (the completion the harness
 continues gets the later turns appended; the others are segments that end there). A request that fails (bad
-input, engine error, client gone before the engine answered) changes nothing in its session.
+input, engine error, the session ended while it was sampled) changes nothing in its session; a completion whose
+client hung up is still recorded (the engine sampled it; aiohttp does not cancel handlers on disconnect), so a
+retry of the same request is a drift, never a lost token. Ending a session aborts its engine requests in flight.
 
 Invariants (checked by :meth:`Session.token_record` through :meth:`agentrl.trajectory.Trajectory.validate`): token
 fields aligned; loss mask 1 exactly on sampled tokens, which carry the engine's log-prob and a version >= 0; every
@@ -164,6 +166,8 @@ class Session:
         self.last_messages: list[dict[str, Any]] = []
         self.listeners: list[Callable[[Completion], None]] = []
         self._ours: dict[str, dict[str, Any]] = {}
+        self._live: set[str] = set()  # engine request ids in flight
+        self._aborts: set[asyncio.Task] = set()
 
     # -- sizes ------------------------------------------------------------------------------------------------------
     @property
@@ -174,6 +178,22 @@ class Session:
         if self.closed:
             raise APIError(409, f"session {self.id!r} has ended; start a new session", "invalid_request_error",
                            None, "session_ended")
+
+    def close(self) -> None:
+        """Ends the session: later requests get 409, and the engine requests in flight are aborted (an episode
+        cancelled for staleness, or ended while its harness still waits, stops using the engine at once); their
+        requests then fail with 409 and record nothing more."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a synchronous caller): nothing can be in flight either
+        for rid in list(self._live):
+            task = loop.create_task(self.store.engine.abort(rid))
+            self._aborts.add(task)
+            task.add_done_callback(self._aborts.discard)
 
     # -- planning ---------------------------------------------------------------------------------------------------
     def _plan_text(self, text: str, role: str | None) -> _Plan:
@@ -262,7 +282,12 @@ class Session:
                 out.finish_reason = "length"
                 return out
             p = dataclasses.replace(params, max_tokens=remaining, seed=_seed(params.seed, rid, attempt))
-            gen = await engine.generate(prompt + out.token_ids, p, request_id=f"{rid}-r{attempt}", session_id=self.id)
+            req = f"{rid}-r{attempt}"
+            self._live.add(req)
+            try:
+                gen = await engine.generate(prompt + out.token_ids, p, request_id=req, session_id=self.id)
+            finally:
+                self._live.discard(req)
             n = len(gen.token_ids)
             if len(gen.logprobs) != n or len(gen.versions) != n or any(v < 0 for v in gen.versions):
                 raise RuntimeError(f"engine returned a misaligned or unversioned generation ({n} tokens, "
@@ -327,6 +352,7 @@ class Session:
             gens, _ = await self._sample_n(plan, req.sampling)
         finally:
             self.inflight -= 1
+        self._check_open()  # ended while the engine was sampling: its trajectory is already taken
         choices = [self._read_chat(plan, g, tools, req.tool_choice, i, req.sampling.logprobs)
                    for i, g in enumerate(gens)]
         self.last_messages = req.messages
@@ -344,6 +370,7 @@ class Session:
             gens, _ = await self._sample_n(plan, req.sampling)
         finally:
             self.inflight -= 1
+        self._check_open()  # ended while the engine was sampling: its trajectory is already taken
         choices = []
         for i, g in enumerate(gens):
             ids = list(g.token_ids)
@@ -527,7 +554,7 @@ class SessionStore:
         s = self.sessions.pop(sid, None)
         if s is None:
             raise APIError(404, f"no live session {sid!r}", "invalid_request_error", None, "session_not_found")
-        s.closed = True
+        s.close()
         self.counts["sessions_ended"] += 1
         self.counts["segments_ended"] += len(s.segments)
         traj = s.trajectory(reward, info, termination)
@@ -539,7 +566,7 @@ class SessionStore:
         """Forgets session ``sid`` without a trajectory (its owner took the tokens itself)."""
         s = self.sessions.pop(sid, None)
         if s is not None:
-            s.closed = True
+            s.close()
             self.counts["sessions_ended"] += 1
             self.counts["segments_ended"] += len(s.segments)
         return s

@@ -215,6 +215,48 @@ async def test_concurrent_requests_on_one_segment(tiny_tok):
         await gw.stop()
 
 
+class HangingEngine(ScriptEngine):
+    """Generates nothing until its request is aborted (then returns it as aborted, as vLLM does)."""
+
+    def __init__(self, tok):
+        super().__init__(tok, ["x<eos>"])
+        self.aborted: list[str] = []
+        self.waiting: dict[str, asyncio.Event] = {}
+
+    async def generate(self, prompt_ids, params, *, request_id, session_id=None):
+        self.calls.append({"prompt": list(prompt_ids), "params": params, "request_id": request_id})
+        ev = self.waiting[request_id] = asyncio.Event()
+        await ev.wait()
+        return Generation([], [], [], "abort")
+
+    async def abort(self, request_id):
+        self.aborted.append(request_id)
+        if request_id in self.waiting:
+            self.waiting[request_id].set()
+
+
+async def test_ending_a_session_aborts_its_engine_requests(tiny_tok):
+    eng = HangingEngine(tiny_tok)
+    gw = ClosingGateway(eng, tiny_tok, GatewayConfig(port=0), model_name="tiny")
+    gw.clients = []
+    await gw.start()
+    try:
+        s, key = gw.open_session("ep")  # an episode's session (the manager cancels it, e.g. for staleness)
+        task = asyncio.ensure_future(post(gw, "/v1/chat/completions", {
+            "model": "tiny", "messages": [{"role": "user", "content": "x"}]}, headers={"Authorization": f"Bearer {key}"}))
+        for _ in range(500):
+            if eng.calls:
+                break
+            await asyncio.sleep(0.01)
+        assert eng.calls and s.inflight == 1
+        gw.close_session("ep")
+        st, body = await asyncio.wait_for(task, 30)
+        assert eng.aborted == [eng.calls[0]["request_id"]] and len(eng.calls) == 1  # aborted, not resubmitted
+        assert st == 409 and err(body)["code"] == "session_ended" and s.segments == []
+    finally:
+        await gw.stop()
+
+
 async def test_streaming_matches_non_streaming(tiny_tok):
     gw, eng = await serve(tiny_tok, ["streamed text<eos>"])
     try:
