@@ -8,8 +8,9 @@ exactly what the engine saw (:mod:`~agentrl.gateway.sessions`); :mod:`~agentrl.g
 episodes of the environment manager so that groups, admission and staleness apply as for native episodes.
 
 Modules: :mod:`~agentrl.gateway.config` (:class:`GatewayConfig`), :mod:`~agentrl.gateway.protocol` (OpenAI
-request validation, error bodies), :mod:`~agentrl.gateway.sessions` (assembly), :mod:`~agentrl.gateway.server`
-(aiohttp), :mod:`~agentrl.gateway.harness` (manager integration). Standalone: ``agentrl gateway --model DIR``.
+request validation, error bodies), :mod:`~agentrl.gateway.sessions` (assembly), :mod:`~agentrl.gateway.store` (live
+sessions, bounds, metrics), :mod:`~agentrl.gateway.server` (aiohttp), :mod:`~agentrl.gateway.harness` (manager
+integration). Standalone: ``agentrl gateway --model DIR``.
 
 Python API::
 
@@ -32,7 +33,8 @@ from agentrl.gateway.harness import (HARNESS_ENV_ID, HarnessContext, HarnessEnv,
                                      harness_policy)
 from agentrl.gateway.protocol import APIError
 from agentrl.gateway.server import Gateway
-from agentrl.gateway.sessions import Completion, Session, SessionStore
+from agentrl.gateway.sessions import Completion, Session
+from agentrl.gateway.store import SessionStore
 
 __all__ = ["APIError", "Completion", "Gateway", "GatewayConfig", "HARNESS_ENV_ID", "HarnessContext", "HarnessEnv",
            "HarnessPolicy", "HarnessResult", "Session", "SessionStore", "harness_policy"]

@@ -47,7 +47,8 @@ from aiohttp import web
 from agentrl.chat import ChatRenderer
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.protocol import APIError, bad, new_id, now, parse_chat, parse_completion, parse_json, sse, usage
-from agentrl.gateway.sessions import Choice, Completion, Session, SessionStore
+from agentrl.gateway.sessions import Choice, Completion, Session
+from agentrl.gateway.store import SessionStore
 from agentrl.inference.base import InferenceEngine
 from agentrl.trajectory import Trajectory
 

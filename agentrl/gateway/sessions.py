@@ -27,6 +27,8 @@ input, engine error, the session ended while it was sampled) changes nothing in 
 client hung up is still recorded (the engine sampled it; aiohttp does not cancel handlers on disconnect), so a
 retry of the same request is a drift, never a lost token. Ending a session aborts its engine requests in flight.
 
+The live sessions, their bounds and the gateway's counters are :class:`agentrl.gateway.store.SessionStore`'s.
+
 Invariants (checked by :meth:`Session.token_record` through :meth:`agentrl.trajectory.Trajectory.validate`): token
 fields aligned; loss mask 1 exactly on sampled tokens, which carry the engine's log-prob and a version >= 0; every
 segment is at most ``max_model_len`` tokens.
@@ -41,14 +43,16 @@ import json
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from agentrl.chat import ChatRenderer
-from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, Sampling, bad
-from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
+from agentrl.inference.base import Generation, SamplingParams
 from agentrl.policy import TokenRecord
 from agentrl.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.gateway.store import SessionStore
 
 
 @dataclass
@@ -500,99 +504,3 @@ def _cut_stop(text: str, stop_reason: Any) -> str:
         if at >= 0:
             return text[:at]
     return text
-
-
-class SessionStore:
-    """The live sessions (bounded by ``max_sessions``) and the gateway's counters.
-
-    ``sink``: called with each ended session's :class:`Trajectory` (e.g. appended to ``GatewayConfig.out``)."""
-
-    def __init__(self, renderer: ChatRenderer, engine: InferenceEngine, cfg: GatewayConfig,
-                 sink: Callable[[Trajectory], None] | None = None):
-        self.renderer, self.engine, self.cfg, self.sink = renderer, engine, cfg, sink
-        engine_len = getattr(engine, "max_model_len", None)
-        self.max_model_len: int = int(engine_len or 1 << 30)
-        self.max_tokens = min(cfg.max_tokens or self.max_model_len, self.max_model_len)
-        self.vocab_size = len(getattr(renderer.tokenizer, "get_vocab", dict)()) or 0
-        self.sessions: dict[str, Session] = {}
-        self.counts: dict[str, int] = {"requests": 0, "drift_candidates": 0, "drifts": 0, "choices": 0,
-                                       "parse_errors": 0, "tool_calls": 0, "sampled_tokens": 0, "prompt_tokens": 0,
-                                       "sessions_started": 0, "sessions_ended": 0, "segments_ended": 0,
-                                       "sessions_expired": 0}
-
-    def get(self, sid: str, create: bool = True, meta: dict[str, Any] | None = None) -> Session:
-        """Returns the live session ``sid``, creating it when ``create``; raises :class:`APIError` when it is
-        unknown (``create=False``) or when ``max_sessions`` are live."""
-        s = self.sessions.get(sid)
-        if s is not None:
-            return s
-        if not create:
-            raise APIError(404, f"no live session {sid!r}", "invalid_request_error", None, "session_not_found")
-        self.expire_idle()
-        if len(self.sessions) >= self.cfg.max_sessions:
-            raise APIError(429, f"{len(self.sessions)} sessions are live (max_sessions={self.cfg.max_sessions}); end "
-                                f"one (POST /v1/sessions/ID/end) or retry later", "rate_limit_error", None,
-                           "too_many_sessions")
-        s = self.sessions[sid] = Session(sid, self, meta)
-        self.counts["sessions_started"] += 1
-        return s
-
-    def note(self, c: Completion) -> None:
-        k = self.counts
-        k["requests"] += 1
-        k["drift_candidates"] += c.request > 1
-        k["drifts"] += c.drift
-        k["choices"] += len(c.choices)
-        k["parse_errors"] += sum(bool(x.parse_errors) for x in c.choices)
-        k["tool_calls"] += sum(len(x.tool_calls) for x in c.choices)
-        k["sampled_tokens"] += c.completion_tokens
-        k["prompt_tokens"] += c.prompt_tokens
-
-    def end(self, sid: str, reward: float = 0.0, info: dict[str, Any] | None = None,
-            termination: str = "terminated") -> Trajectory:
-        """Ends session ``sid``: returns its trajectory (also given to the sink) and forgets it."""
-        s = self.sessions.pop(sid, None)
-        if s is None:
-            raise APIError(404, f"no live session {sid!r}", "invalid_request_error", None, "session_not_found")
-        s.close()
-        self.counts["sessions_ended"] += 1
-        self.counts["segments_ended"] += len(s.segments)
-        traj = s.trajectory(reward, info, termination)
-        if self.sink is not None:
-            self.sink(traj)
-        return traj
-
-    def discard(self, sid: str) -> Session | None:
-        """Forgets session ``sid`` without a trajectory (its owner took the tokens itself)."""
-        s = self.sessions.pop(sid, None)
-        if s is not None:
-            s.close()
-            self.counts["sessions_ended"] += 1
-            self.counts["segments_ended"] += len(s.segments)
-        return s
-
-    def expire_idle(self) -> list[Trajectory]:
-        """Ends the sessions idle longer than ``session_idle_s`` (no request in flight) as ``truncated`` with reward
-        0 (``info["gateway/ended"] = "idle"``): their tokens go to the sink, never lost."""
-        cutoff = time.monotonic() - self.cfg.session_idle_s
-        out = []
-        for sid, s in list(self.sessions.items()):
-            if s.inflight == 0 and s.last_used < cutoff and not s.listeners:
-                self.counts["sessions_expired"] += 1
-                out.append(self.end(sid, 0.0, {"gateway/ended": "idle"}, "truncated"))
-        return out
-
-    def metrics(self) -> dict[str, float]:
-        """``gateway/drift_rate`` (requests that started a new segment / requests after a session's first),
-        ``gateway/segments_per_session`` (over ended sessions, else live ones), ``tool/parse_error_rate`` (choices
-        with a malformed tool call / choices), and the counters as ``gateway/<name>``."""
-        k = self.counts
-        live_segs = sum(len(s.segments) for s in self.sessions.values())
-        ended = k["sessions_ended"]
-        out = {f"gateway/{n}": float(v) for n, v in k.items()}
-        out["gateway/live_sessions"] = float(len(self.sessions))
-        out["gateway/drift_rate"] = k["drifts"] / k["drift_candidates"] if k["drift_candidates"] else 0.0
-        out["gateway/segments_per_session"] = (k["segments_ended"] / ended if ended else
-                                               live_segs / len(self.sessions) if self.sessions else 0.0)
-        out["tool/parse_error_rate"] = k["parse_errors"] / k["choices"] if k["choices"] else 0.0
-        return out
