@@ -12,12 +12,18 @@ exactly ``--tokens`` tokens (``ignore_eos``), every env turn adding the same sho
   JSON. Client and gateway share this process's two cores with the engine, so the client's cost counts too.
 
 Runs alternate native / gateway ``--repeats`` times after a warm-up of each; reported: generated tokens per second
-of each side (median over repeats), the ratio, and the load average before and after (the machine is shared).
+of each side (median over repeats), the ratio, the driver process's CPU time per turn (``time.process_time``: the
+manager, the agent loop or the gateway and its client, vLLM's front end; not the engine core, its own process), and
+the load average before and after (the machine is shared).
+
+``--engine instant``: an engine that returns ``--tokens`` tokens at once instead of vLLM, so only the per-turn CPU
+of each side is left (what bounds the driver when the engine is fast, e.g. on a GPU).
 
 Run::
 
     .venv/bin/python benchmarks/bench_gateway.py                       # 64 episodes x 4 turns x 32 tokens, 3 repeats
     .venv/bin/python benchmarks/bench_gateway.py --episodes 16 --repeats 1   # quick
+    .venv/bin/python benchmarks/bench_gateway.py --engine instant            # per-turn CPU, no model
 """
 
 from __future__ import annotations
@@ -57,6 +63,27 @@ class FixedTurnsEnv(Env):
         return [{"role": "user", "content": ENV_REPLY}], 0.0, self.t >= self.turns, False, {}
 
 
+class InstantEngine:
+    """Returns ``max_tokens`` tokens of fixed ordinary text at once (log-prob -0.1, version 0): no model cost."""
+
+    def __init__(self, tok, max_model_len: int):
+        ids = tok(" I guess the number is eight, then nine.", add_special_tokens=False)["input_ids"]
+        self.ids, self.max_model_len, self.model_path, self.version = ids * 64, max_model_len, None, 0
+
+    async def generate(self, prompt_ids, params, *, request_id, session_id=None):
+        from agentrl.inference.base import Generation
+
+        out = self.ids[: params.max_tokens]
+        await asyncio.sleep(0)
+        return Generation(out, [-0.1] * len(out), [0] * len(out), "length")
+
+    async def abort(self, request_id):
+        pass
+
+    async def close(self):
+        pass
+
+
 def loadavg() -> str:
     try:
         return " ".join(open("/proc/loadavg").read().split()[:3])
@@ -73,15 +100,15 @@ async def run_native(engine, tok, args, tag: str) -> dict:
     policy = AgentLoopPolicy(engine, tok, cfg)
     specs = [EpisodeSpec(f"{__name__}:FixedTurnsEnv", env_kwargs={"turns": args.turns}, seed=i)
              for i in range(args.episodes)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     async with EnvManager(ManagerConfig(max_concurrency=args.episodes, max_turns=args.turns + 1), policy) as mgr:
         trajs = await mgr.run_episodes(specs)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     bad = [t.error for t in trajs if t.termination != "terminated"]
     if bad:
         raise RuntimeError(f"native episodes failed: {bad[:2]}")
     n = sum(t.num_generated for t in trajs)
-    return {"tokens": n, "wall_s": dt, "tok_per_s": n / dt}
+    return {"tokens": n, "wall_s": dt, "tok_per_s": n / dt, "cpu_ms_per_turn": 1e3 * cpu / (args.episodes * args.turns)}
 
 
 def make_harness(args):
@@ -131,10 +158,10 @@ async def run_gateway(engine, tok, args, tag: str) -> dict:
     specs = [EpisodeSpec(HARNESS_ENV_ID, seed=i) for i in range(args.episodes)]
     await policy.start()
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         async with EnvManager(ManagerConfig(max_concurrency=args.episodes, max_turns=args.turns + 2), policy) as mgr:
             trajs = await mgr.run_episodes(specs)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         await policy.aclose()
     bad = [t.error for t in trajs if t.termination != "terminated"]
@@ -142,7 +169,8 @@ async def run_gateway(engine, tok, args, tag: str) -> dict:
         raise RuntimeError(f"gateway episodes failed: {bad[:2]}")
     n = sum(t.num_generated for t in trajs)
     m = policy.metrics()
-    return {"tokens": n, "wall_s": dt, "tok_per_s": n / dt, "drift_rate": m["gateway/drift_rate"],
+    return {"tokens": n, "wall_s": dt, "tok_per_s": n / dt, "cpu_ms_per_turn": 1e3 * cpu / (args.episodes * args.turns),
+            "drift_rate": m["gateway/drift_rate"],
             "segments_per_session": m["gateway/segments_per_session"]}
 
 
@@ -155,7 +183,10 @@ async def main_async(args) -> dict:
     tok = load_tokenizer(model)
     cfg = EngineConfig(model=model, max_model_len=max(1024, 96 + args.turns * (args.tokens + 48)),
                        max_num_seqs=max(args.episodes, 16))
-    engine = await asyncio.to_thread(make_engine, cfg)
+    if args.engine == "instant":
+        engine = InstantEngine(tok, cfg.max_model_len)
+    else:
+        engine = await asyncio.to_thread(make_engine, cfg)
     load_before = loadavg()
     try:
         warm = argparse.Namespace(**{**vars(args), "episodes": min(args.episodes, 8), "turns": 2})
@@ -170,10 +201,11 @@ async def main_async(args) -> dict:
     finally:
         await engine.close()
     med = {k: statistics.median(x["tok_per_s"] for x in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(x["cpu_ms_per_turn"] for x in v) for k, v in runs.items()}
     expected = args.episodes * args.turns * args.tokens
     total = {k: sum(x["tokens"] for x in v) / sum(x["wall_s"] for x in v) for k, v in runs.items()}
     return {"episodes": args.episodes, "turns": args.turns, "tokens_per_turn": args.tokens, "client": args.client,
-            "runs": runs, "median_tok_per_s": med,
+            "engine": args.engine, "runs": runs, "median_tok_per_s": med, "median_cpu_ms_per_turn": cpu,
             "all_lengths_exact": all(x["tokens"] == expected for v in runs.values() for x in v),
             "ratio_gateway_over_native": med["gateway"] / med["native"],
             "ratio_total_tokens_over_total_time": total["gateway"] / total["native"],
@@ -181,16 +213,18 @@ async def main_async(args) -> dict:
 
 
 def table(out: dict) -> str:
-    rows = ["| side | median tok/s | runs (tok/s) | tokens per run |", "| --- | ---: | --- | ---: |"]
+    rows = ["| side | median tok/s | runs (tok/s) | driver CPU ms per turn (median) | tokens per run |",
+            "| --- | ---: | --- | ---: | ---: |"]
     for k in ("native", "gateway"):
         v = out["runs"][k]
         each = ", ".join(f"{x['tok_per_s']:.0f}" for x in v)
-        rows.append(f"| {k} | {out['median_tok_per_s'][k]:.0f} | {each} | {v[0]['tokens']} |")
+        rows.append(f"| {k} | {out['median_tok_per_s'][k]:.0f} | {each} | {out['median_cpu_ms_per_turn'][k]:.2f} | "
+                    f"{v[0]['tokens']} |")
     rows.append("")
     rows.append(f"gateway / native: **{out['ratio_gateway_over_native']:.3f}x** (median tok/s), "
                 f"{out['ratio_total_tokens_over_total_time']:.3f}x (total tokens / total time); "
-                f"{out['episodes']} episodes x {out['turns']} turns x {out['tokens_per_turn']} tokens, client "
-                f"{out['client']}; exact lengths: {out['all_lengths_exact']}; gateway drift rate "
+                f"{out['episodes']} episodes x {out['turns']} turns x {out['tokens_per_turn']} tokens, engine "
+                f"{out['engine']}, client {out['client']}; exact lengths: {out['all_lengths_exact']}; gateway drift rate "
                 f"{out['runs']['gateway'][-1]['drift_rate']:.2f}; load average {out['loadavg_before']} -> "
                 f"{out['loadavg_after']}")
     return "\n".join(rows)
@@ -205,6 +239,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--client", choices=("aiohttp", "openai"), default="aiohttp",
                    help="aiohttp: measures the gateway; openai: adds the openai library's own per-request cost")
+    p.add_argument("--engine", choices=("vllm", "instant"), default="vllm",
+                   help="instant: no model, tokens returned at once (measures each side's per-turn CPU)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     out = asyncio.run(main_async(args))
