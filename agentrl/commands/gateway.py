@@ -81,8 +81,9 @@ def _main(args: argparse.Namespace) -> int:
     return asyncio.run(serve(cfg))
 
 
-async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None) -> int:
-    """Starts the engine and the gateway and serves until ``stop`` is set (or SIGINT/SIGTERM)."""
+async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, engine: Any = None) -> int:
+    """Starts the engine (``engine``: serve this one instead; it is not closed here) and the gateway, and serves
+    until ``stop`` is set (or SIGINT/SIGTERM); returns the exit status."""
     import asyncio
     import signal
     import sys
@@ -101,19 +102,27 @@ async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None) -> i
         model = str(ensure_tiny_model())
         cfg.gateway.model_name = cfg.gateway.model_name or "tiny"
     tokenizer = load_tokenizer(model)
-    engine = await asyncio.to_thread(make_engine, from_dict(EngineConfig, {"model": model, **cfg.engine}, "engine"))
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
+    own = engine is None
+    if own:
+        engine = await asyncio.to_thread(make_engine, from_dict(EngineConfig, {"model": model, **cfg.engine}, "engine"))
+    signals: list[int] = []
+    if stop is None:  # the command line: Ctrl-C / SIGTERM end the server (sessions live then are written)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+                signals.append(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
     try:
         async with Gateway(engine, tokenizer, cfg.gateway) as gw:
             print(f"agentrl gateway: serving {gw.model_name!r} at {gw.url}/v1 (sessions: {gw.url}/s/<id>/v1)",
                   file=sys.stderr, flush=True)
             await stop.wait()
     finally:
-        await engine.close()
+        for sig in signals:
+            asyncio.get_running_loop().remove_signal_handler(sig)
+        if own:
+            await engine.close()
     return 0

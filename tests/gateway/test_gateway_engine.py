@@ -153,6 +153,51 @@ async def test_history_rewriting_harness_yields_segments_the_engine_saw(vllm, to
     check_against_engine(traj, eng.record, trainer)
 
 
+async def test_command_line_server_serves_and_writes_every_session(vllm, tmp_path):
+    """``agentrl gateway``'s server (``serve``, as the command runs it, on this module's engine): the tiny model by
+    name, chat and completions in their sessions, and the sessions live at shutdown written to ``out``."""
+    import socket
+
+    import aiohttp
+
+    from agentrl.commands.gateway import GatewayRunConfig, serve
+    from agentrl.trajectory import Trajectory
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "sessions.jsonl"
+    stop = asyncio.Event()
+    server = asyncio.ensure_future(serve(GatewayRunConfig(model="tiny", gateway=GatewayConfig(port=port, out=str(out))),
+                                         stop, engine=vllm))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(600):
+                try:
+                    async with http.get(base + "/health") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.1)
+        async with openai.AsyncOpenAI(base_url=base + "/s/chat/v1", api_key="x", max_retries=0) as c:
+            assert [m.id for m in (await c.models.list()).data] == ["tiny"]
+            r = await c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+        async with openai.AsyncOpenAI(base_url=base + "/s/text/v1", api_key="x", max_retries=0) as c:
+            r2 = await c.completions.create(model="tiny", prompt="Once upon a time", max_tokens=6)
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(server, 60) == 0
+    rows = {t.id: t for t in (Trajectory.from_json(x) for x in out.read_text().splitlines())}
+    assert set(rows) == {"chat", "text"} and all(t.termination == "truncated" for t in rows.values())
+    assert rows["chat"].num_generated == r.usage.completion_tokens and rows["text"].num_generated == \
+        r2.usage.completion_tokens
+    from agentrl.inference.base import SamplingParams
+
+    gen = await vllm.generate([1, 2, 3], SamplingParams(max_tokens=1), request_id="after-serve")
+    assert len(gen.token_ids) == 1  # a lent engine is not closed with the server
+
+
 class SandboxShell:
     """mini-swe-agent's ``Environment`` protocol (``execute``, ``get_template_vars``, ``serialize``) over an
     agentrl sandbox: the agent's commands run in bwrap, never on the host. ``execute`` is called from the agent's
