@@ -84,6 +84,25 @@ class InstantEngine:
         pass
 
 
+LAG: list[tuple[float, float]] = []  # (when, how late) of a 10 ms sleep in this event loop
+LATENCY: list[float] = []  # each gateway request's round trip, as the harness sees it
+
+
+async def lag_sentinel() -> None:
+    """Records how late the event loop wakes a 10 ms sleep: the process's own scheduling delay (machine load), to
+    tell a slow request caused by it from one caused by the gateway."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(0.01)
+        now = time.perf_counter()
+        LAG.append((now, now - t - 0.01))
+
+
+def stalls(t0: float, t1: float) -> dict[str, float]:
+    lags = [x for when, x in LAG if t0 <= when <= t1] or [0.0]
+    return {"loop_lag_max_s": max(lags), "request_max_s": max(LATENCY, default=0.0)}
+
+
 def loadavg() -> str:
     try:
         return " ".join(open("/proc/loadavg").read().split()[:3])
@@ -139,10 +158,12 @@ def make_harness(args):
         async with aiohttp.ClientSession(headers=headers) as http:
             for _ in range(args.turns):
                 body = {"model": ctx.model, "messages": msgs, "max_tokens": args.tokens, "ignore_eos": True}
+                t = time.perf_counter()
                 async with http.post(ctx.base_url + "/chat/completions", json=body) as resp:
                     r = await resp.json()
                     if resp.status != 200:
                         raise RuntimeError(r)
+                LATENCY.append(time.perf_counter() - t)
                 msgs += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
                          {"role": "user", "content": ENV_REPLY}]
         return 0.0
@@ -157,6 +178,7 @@ async def run_gateway(engine, tok, args, tag: str) -> dict:
     policy = HarnessPolicy(engine, tok, make_harness(args), GatewayConfig(port=0, max_sessions=4 * args.episodes))
     specs = [EpisodeSpec(HARNESS_ENV_ID, seed=i) for i in range(args.episodes)]
     await policy.start()
+    LATENCY.clear()
     try:
         t0, c0 = time.perf_counter(), time.process_time()
         async with EnvManager(ManagerConfig(max_concurrency=args.episodes, max_turns=args.turns + 2), policy) as mgr:
@@ -170,7 +192,7 @@ async def run_gateway(engine, tok, args, tag: str) -> dict:
     n = sum(t.num_generated for t in trajs)
     m = policy.metrics()
     return {"tokens": n, "wall_s": dt, "tok_per_s": n / dt, "cpu_ms_per_turn": 1e3 * cpu / (args.episodes * args.turns),
-            "drift_rate": m["gateway/drift_rate"],
+            **stalls(t0, t0 + dt), "drift_rate": m["gateway/drift_rate"],
             "segments_per_session": m["gateway/segments_per_session"]}
 
 
@@ -188,6 +210,7 @@ async def main_async(args) -> dict:
     else:
         engine = await asyncio.to_thread(make_engine, cfg)
     load_before = loadavg()
+    sentinel = asyncio.ensure_future(lag_sentinel())
     try:
         warm = argparse.Namespace(**{**vars(args), "episodes": min(args.episodes, 8), "turns": 2})
         await run_native(engine, tok, warm, "warm-n")
@@ -199,6 +222,7 @@ async def main_async(args) -> dict:
             print(f"repeat {r}: native {runs['native'][-1]['tok_per_s']:.0f} tok/s, "
                   f"gateway {runs['gateway'][-1]['tok_per_s']:.0f} tok/s (load {loadavg()})", file=sys.stderr)
     finally:
+        sentinel.cancel()
         await engine.close()
     med = {k: statistics.median(x["tok_per_s"] for x in v) for k, v in runs.items()}
     cpu = {k: statistics.median(x["cpu_ms_per_turn"] for x in v) for k, v in runs.items()}
@@ -221,6 +245,12 @@ def table(out: dict) -> str:
         rows.append(f"| {k} | {out['median_tok_per_s'][k]:.0f} | {each} | {out['median_cpu_ms_per_turn'][k]:.2f} | "
                     f"{v[0]['tokens']} |")
     rows.append("")
+    g = out["runs"]["gateway"]
+    if g and "request_max_s" in g[0]:
+        rows.append("gateway runs, slowest request / event loop's worst scheduling lag (s): " + ", ".join(
+            f"{x['request_max_s']:.2f} / {x['loop_lag_max_s']:.2f}" for x in g) + " (a slow request with as much lag is "
+            "the machine's load, not the gateway)")
+        rows.append("")
     rows.append(f"gateway / native: **{out['ratio_gateway_over_native']:.3f}x** (median tok/s), "
                 f"{out['ratio_total_tokens_over_total_time']:.3f}x (total tokens / total time); "
                 f"{out['episodes']} episodes x {out['turns']} turns x {out['tokens_per_turn']} tokens, engine "
