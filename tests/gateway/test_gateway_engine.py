@@ -21,7 +21,7 @@ from agentrl.gateway import HARNESS_ENV_ID, Gateway, GatewayConfig, HarnessPolic
 from agentrl.inference.base import InferenceEngine
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]  # one engine + trainer start: ~10 min at load 40
 TOL = 1e-4  # float32 engine vs float32 trainer (the weight-sync tests measure ~1e-6)
 
 TOOLS = [{"type": "function", "function": {
