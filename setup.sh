@@ -34,6 +34,12 @@ esac
 # BFCL's data and grader ship in bfcl-eval; its own requirements (numpy 1.x, an old vllm, API SDKs) conflict with
 # the stack, and grading needs only the few in the bfcl extra (agentrl.envs.bfcl.official stands in for the rest).
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23"
+# mini-swe-agent (the gateway tests run its unmodified agent loop) pulls litellm, which pins openai<3, filelock<4
+# and huggingface-hub<2 (older than what vllm and transformers run with here), plus datasets/textual/prompt_toolkit
+# for its CLI. Its agent loop and litellm model classes need none of those pins: both are installed without
+# dependencies, with the few small packages litellm imports (fastuuid, importlib-metadata, zipp) and platformdirs.
+"${pip[@]}" --no-deps "mini-swe-agent==2.4.6" "litellm==1.106.2" "fastuuid==0.14.0" "importlib-metadata==8.9.0" \
+  "zipp>=3.20" "platformdirs>=4"
 # The official SWE-bench package, for its test-log parsers and its predictions/dataset loaders. Its requirements
 # (datasets, modal, docker and GitPython pins...) are for running its own harness; agentrl loads only the parsers
 # (agentrl/envs/swe/swebench_compat.py), which need unidiff (a regular dependency).

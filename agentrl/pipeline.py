@@ -256,8 +256,10 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
-    """Runs (or resumes) the training described by ``cfg``; returns the summary written to ``summary.json``."""
+async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -> dict[str, Any]:
+    """Runs (or resumes) the training described by ``cfg``; returns the summary written to ``summary.json``.
+    ``policy``: a factory ``(engine, tokenizer, cfg.rollout) -> Policy`` replacing the agent loop (e.g.
+    :func:`agentrl.gateway.harness_policy`); its ``metrics()`` join each step's row, its ``aclose()`` runs at the end."""
     import ray
     from transformers import AutoTokenizer
 
@@ -308,6 +310,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
 
     engine = make_engine(dataclasses.replace(cfg.engine, model=str(start_model)))
     writer = None
+    make_policy, policy = policy or AgentLoopPolicy, None
     try:
         if step0 > 0:
             await engine.update_weights(await trainer.state_dict_for_inference.remote(), step0)
@@ -319,7 +322,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
             history["eval_before"] = await evaluate(engine, tokenizer, cfg, cfg.eval.episodes)
             log.info("held-out reward before RL: %.3f", history["eval_before"]["reward"])
 
-        policy = AgentLoopPolicy(engine, tokenizer, cfg.rollout)
+        policy = make_policy(engine, tokenizer, cfg.rollout)
         summary = await _loop(cfg, files, trainer, engine, policy, tasks, step0, history, writer, tokenizer)
         summary["wall_s"] = time.perf_counter() - t_start
         _atomic_write(files.root / "summary.json", json.dumps(summary, indent=2))
@@ -327,6 +330,8 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
     finally:
         if writer is not None:
             writer.close()
+        if policy is not None and hasattr(policy, "aclose"):  # the factory's policy (e.g. the gateway's server)
+            await policy.aclose()
         await engine.close()
         ray.kill(trainer)
 

@@ -247,7 +247,11 @@ class ChatRenderer:
         """Returns how the prompt for ``messages`` (generation prompt included) continues ``prev_text``, the text of
         the stream so far (see :class:`Continuation`)."""
         text = self.render(messages, add_generation_prompt=True, tools=tools)
-        role = messages[-1].get("role") if messages else None
+        return self.continue_text(prev_text, text, messages[-1].get("role") if messages else None)
+
+    def continue_text(self, prev_text: str, text: str, role: str | None = None) -> Continuation:
+        """Returns how the prompt text ``text`` (already rendered, or a raw completions prompt) continues
+        ``prev_text``, with the rules of :meth:`continue_from` (``role``: the last message's, for the reason)."""
         if not text.startswith(prev_text):
             i = _common_prefix(text, prev_text)
             return Continuation("drift", self.encode(text), text, i,

@@ -1,0 +1,128 @@
+"""``agentrl gateway``: an OpenAI-compatible server in front of a vLLM engine that records every token per session.
+
+    agentrl gateway                                   # the tiny CPU model on http://127.0.0.1:8000
+    agentrl gateway --model DIR --port 8000 --out sessions.jsonl
+    agentrl gateway --host 0.0.0.0 --api-key "$KEY"   # reachable from other machines: a key is required
+    agentrl gateway --config gateway.yaml --set gateway.max_n=4
+
+Point any OpenAI client at ``http://127.0.0.1:8000/s/<session>/v1`` (or send ``X-Agentrl-Session``, or use
+``<api_key>:<session>`` as the key). End a session with ``POST /v1/sessions/<session>/end {"reward": R}``: its
+trajectory (every sampled token with its log-prob and version, in segments) is appended to ``--out`` (default
+``gateway-sessions.jsonl``). Sessions idle
+for ``session_idle_s`` and those live at shutdown are written too (``truncated``, reward 0). Exit status 0 on
+Ctrl-C/SIGTERM, 2 on a config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.gateway.config import GatewayConfig
+
+
+@dataclass
+class GatewayRunConfig:
+    """``agentrl gateway``'s config file: ``model`` (a directory; None or ``tiny``: the tiny CPU model), ``engine``
+    (:class:`agentrl.inference.EngineConfig` fields) and ``gateway`` (:class:`GatewayConfig`)."""
+
+    model: str | None = None
+    engine: dict[str, Any] = field(default_factory=dict)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "gateway",
+        help="serve an engine behind an OpenAI-compatible API that records every token per session",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", help="a YAML GatewayRunConfig")
+    p.add_argument("--model", help="model directory (default: the tiny model, built if missing)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1; any other needs --api-key)")
+    p.add_argument("--port", type=int, help="port (default 8000; 0: a free one)")
+    p.add_argument("--api-key", help="the API key clients must send (or set AGENTRL_GATEWAY_API_KEY)")
+    p.add_argument("--served-model-name", help="the model name clients ask for (default: the directory's name)")
+    p.add_argument("--out", help="JSONL file the ended sessions' trajectories are appended to")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.set_defaults(func=_main)
+
+
+def load_config(args: argparse.Namespace) -> GatewayRunConfig:
+    import json
+    import os
+
+    from agentrl.config import apply_overrides, from_dict, load
+
+    overrides = list(args.set)
+    key = args.api_key or os.environ.get("AGENTRL_GATEWAY_API_KEY")
+    for value, name in ((args.model, "model"), (args.host, "gateway.host"), (args.port, "gateway.port"),
+                        (key, "gateway.api_key"), (args.served_model_name, "gateway.model_name"),
+                        (args.out, "gateway.out")):
+        if value is not None:
+            overrides.append(f"{name}={json.dumps(value)}")
+    if args.config:
+        return load(GatewayRunConfig, args.config, overrides)
+    return from_dict(GatewayRunConfig, apply_overrides({}, overrides), "<command line>")
+
+
+def _main(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from agentrl.config import ConfigError
+
+    cfg = load_config(args)
+    try:
+        cfg.gateway.validate()
+    except ValueError as e:
+        raise ConfigError(f"gateway: {e}") from None
+    return asyncio.run(serve(cfg))
+
+
+async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, engine: Any = None) -> int:
+    """Starts the engine (``engine``: serve this one instead; it is not closed here) and the gateway, and serves
+    until ``stop`` is set (or SIGINT/SIGTERM); returns the exit status."""
+    import asyncio
+    import signal
+    import sys
+
+    from agentrl.chat import load_tokenizer
+    from agentrl.config import from_dict
+    from agentrl.gateway.server import Gateway
+    from agentrl.inference.config import EngineConfig, make_engine
+
+    if not cfg.gateway.out:
+        cfg.gateway.out = "gateway-sessions.jsonl"  # a command-line server keeps every ended session somewhere
+    model = cfg.model
+    if model in (None, "tiny"):
+        from agentrl.models import ensure_tiny_model
+
+        model = str(ensure_tiny_model())
+        cfg.gateway.model_name = cfg.gateway.model_name or "tiny"
+    tokenizer = load_tokenizer(model)
+    own = engine is None
+    if own:
+        engine = await asyncio.to_thread(make_engine, from_dict(EngineConfig, {"model": model, **cfg.engine}, "engine"))
+    signals: list[int] = []
+    if stop is None:  # the command line: Ctrl-C / SIGTERM end the server (sessions live then are written)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+                signals.append(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+    try:
+        async with Gateway(engine, tokenizer, cfg.gateway) as gw:
+            print(f"agentrl gateway: serving {gw.model_name!r} at {gw.url}/v1 (sessions: {gw.url}/s/<id>/v1)",
+                  file=sys.stderr, flush=True)
+            await stop.wait()
+    finally:
+        for sig in signals:
+            asyncio.get_running_loop().remove_signal_handler(sig)
+        if own:
+            await engine.close()
+    return 0

@@ -1,0 +1,425 @@
+"""The aiohttp server: OpenAI's ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` over one engine.
+
+Routes (each also under ``/s/<session>/``, so a client whose only setting is a base URL lands in its session)::
+
+    GET  /v1/models                    the served model
+    POST /v1/chat/completions          messages (+ tools, n, stream) -> choices; tokens recorded in the session
+    POST /v1/completions               prompt (text or token ids) -> choices
+    GET  /v1/sessions                  live sessions and their counters
+    GET  /v1/sessions/<id>             one session's counters (and segment sizes)
+    POST /v1/sessions/<id>/end         {"reward": R, "info": {...}} -> the trajectory's summary (the whole
+                                       trajectory with "return_trajectory": true); appended to ``out``
+    GET  /metrics                      gateway/drift_rate, gateway/segments_per_session, tool/parse_error_rate, ...
+    GET  /health
+
+**Sessions.** A request's session is, in this order: the path's ``/s/<session>/``, the ``X-Agentrl-Session``
+header, the API key (a per-session key issued by :meth:`Gateway.open_session`; ``<api_key>:<session>`` when the
+server has a key; the bearer token itself when it has none), else ``default``. Unknown sessions are created on first
+use (up to ``max_sessions`` live).
+
+**Security.** The server binds to 127.0.0.1 unless configured otherwise, and any other address needs
+``api_key``. Keys are compared in constant time (:func:`hmac.compare_digest`); issued session keys are looked up by
+their SHA-256, so lookup time reveals nothing about a key. Request bodies are bounded (``max_request_bytes``), as
+are ``max_tokens``, ``n``, live sessions and tokens per session. Every failure is an OpenAI error body
+(``{"error": {"message", "type", "param", "code"}}``) with a 4xx/5xx status; no request can crash the server, and a
+failed request leaves its session as it was.
+
+**Streaming.** ``stream: true`` answers with server-sent events in OpenAI's chunk format (role, content /
+reasoning / tool-call deltas, finish reason, optional usage chunk, ``[DONE]``). The engine interface returns whole
+completions, so the deltas are sent once the completion is done; SSE comments keep the connection alive meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agentrl.chat import ChatRenderer
+from agentrl.gateway.config import GatewayConfig
+from agentrl.gateway.protocol import APIError, bad, new_id, now, parse_chat, parse_completion, parse_json, sse, usage
+from agentrl.gateway.sessions import Choice, Completion, Session
+from agentrl.gateway.store import SessionStore
+from agentrl.inference.base import InferenceEngine
+from agentrl.trajectory import Trajectory
+
+log = logging.getLogger("agentrl.gateway")
+_SID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+SESSION_HEADER = "X-Agentrl-Session"
+
+
+def _error_response(e: APIError) -> web.Response:
+    return web.json_response(e.body(), status=e.status)
+
+
+class Gateway:
+    """An OpenAI-compatible server in front of ``engine`` that records every token per session.
+
+    ``renderer``: the model's :class:`ChatRenderer` (built from ``tokenizer`` and ``cfg.chat`` when not given).
+    Use ``async with Gateway(...) as gw`` (or :meth:`start` / :meth:`stop`); :attr:`url` is the base URL
+    (``http://host:port``). The engine is not closed here.
+    """
+
+    def __init__(self, engine: InferenceEngine, tokenizer: Any = None, cfg: GatewayConfig | None = None, *,
+                 renderer: ChatRenderer | None = None, model_name: str | None = None):
+        self.cfg = cfg or GatewayConfig()
+        self.cfg.validate()
+        if renderer is None:
+            if tokenizer is None:
+                raise ValueError("Gateway needs the engine's tokenizer (or a ChatRenderer)")
+            renderer = ChatRenderer(tokenizer, self.cfg.chat)
+        self.engine = engine
+        self.renderer = renderer
+        path = getattr(engine, "model_path", None)
+        self.model_name = self.cfg.model_name or model_name or (Path(path).name if path else "agentrl")
+        self._out = open(self.cfg.out, "a") if self.cfg.out else None
+        self.store = SessionStore(renderer, engine, self.cfg, self._write if self._out else None)
+        self._keys: dict[str, str] = {}  # sha256(issued key) -> session id
+        self._runner: web.AppRunner | None = None
+        self._site_port: int | None = None
+        self.errors: dict[str, int] = {}
+        self._expiry: asyncio.Task | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        # aiohttp's own body limit answers in plain text: the handlers check the size first (see _body).
+        app = web.Application(client_max_size=self.cfg.max_request_bytes + 1, middlewares=[self._errors])
+        for prefix in ("", "/s/{sid}"):
+            app.router.add_get(prefix + "/v1/models", self.models)
+            app.router.add_post(prefix + "/v1/chat/completions", self.chat)
+            app.router.add_post(prefix + "/v1/completions", self.completions)
+        app.router.add_get("/v1/sessions", self.list_sessions)
+        app.router.add_get("/v1/sessions/{id}", self.get_session)
+        app.router.add_post("/v1/sessions/{id}/end", self.end_session)
+        app.router.add_get("/metrics", self.metrics_handler)
+        app.router.add_get("/health", self.health)
+        return app
+
+    async def start(self) -> "Gateway":
+        """Starts listening on ``cfg.host:cfg.port`` (port 0: a free one, see :attr:`port`)."""
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []  # the only way aiohttp exposes the bound port
+        self._site_port = sockets[0].getsockname()[1] if sockets else self.cfg.port
+        self._expiry = asyncio.ensure_future(self._expire_loop())
+        log.info("gateway listening on %s (model %r)", self.url, self.model_name)
+        return self
+
+    async def stop(self) -> None:
+        """Stops listening; live sessions are ended as ``truncated`` (reward 0) into ``out`` when it is set."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            await asyncio.gather(self._expiry, return_exceptions=True)
+            self._expiry = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._out is not None:
+            for sid in list(self.store.sessions):
+                self.store.end(sid, 0.0, {"gateway/ended": "shutdown"}, "truncated")
+            self._out.close()
+            self._out = None
+
+    async def __aenter__(self) -> "Gateway":
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    @property
+    def port(self) -> int:
+        return int(self._site_port if self._site_port is not None else self.cfg.port)
+
+    @property
+    def url(self) -> str:
+        host = self.cfg.host if self.cfg.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+
+    async def _expire_loop(self) -> None:
+        period = min(60.0, self.cfg.session_idle_s / 2)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                self.store.expire_idle()
+            except Exception:
+                log.exception("gateway: ending idle sessions failed")
+
+    def _write(self, traj: Trajectory) -> None:
+        assert self._out is not None
+        self._out.write(traj.to_json() + "\n")
+        self._out.flush()
+
+    # -- sessions for the manager integration ----------------------------------------------------------------------
+    def open_session(self, sid: str, meta: dict[str, Any] | None = None) -> tuple[Session, str]:
+        """Creates session ``sid`` and returns it with a new API key that authenticates as (and only as) it."""
+        if sid in self.store.sessions:
+            raise ValueError(f"session {sid!r} is already live")
+        s = self.store.get(sid, True, meta)
+        key = "sk-agentrl-" + secrets.token_urlsafe(24)
+        self._keys[hashlib.sha256(key.encode()).hexdigest()] = sid
+        s.meta["_key_hash"] = hashlib.sha256(key.encode()).hexdigest()
+        return s, key
+
+    def close_session(self, sid: str) -> Session | None:
+        """Forgets session ``sid`` and revokes its key; returns it (its tokens stay readable) or None."""
+        s = self.store.discard(sid)
+        if s is not None:
+            self._keys.pop(s.meta.get("_key_hash", ""), None)
+        return s
+
+    # -- request plumbing -------------------------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except APIError as e:
+            self.errors[e.code or e.type] = self.errors.get(e.code or e.type, 0) + 1
+            return _error_response(e)
+        except web.HTTPException as e:
+            if e.status == 413:
+                return _error_response(APIError(413, f"request body over {self.cfg.max_request_bytes} bytes "
+                                                     f"(max_request_bytes)", code="request_too_large"))
+            kind = "not_found" if e.status == 404 else "method_not_allowed" if e.status == 405 else "http_error"
+            return _error_response(APIError(e.status, f"{request.method} {request.path}: {e.reason}", code=kind))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # never crash: the error is the response, the session is unchanged
+            log.exception("gateway: %s %s failed", request.method, request.path)
+            self.errors["server_error"] = self.errors.get("server_error", 0) + 1
+            return _error_response(APIError(500, f"internal error: {e!r:.500}", "server_error", None, "internal_error"))
+
+    def _auth(self, request: web.Request) -> tuple[str | None, str | None]:
+        """Checks the API key; returns ``(session the key names or None, issued-key session or None)``."""
+        header = request.headers.get("Authorization", "")
+        token = header[7:].strip() if header.lower().startswith("bearer ") else request.headers.get("api-key", "")
+        if token:
+            sid = self._keys.get(hashlib.sha256(token.encode()).hexdigest())
+            if sid is not None:
+                return sid, sid
+        key = self.cfg.api_key
+        if key is None:
+            return (token or None), None
+        given, _, named = token.partition(":")
+        # compare_digest on equal-length digests: no early exit on the first differing byte, no length leak
+        if not hmac.compare_digest(hashlib.sha256(given.encode()).digest(), hashlib.sha256(key.encode()).digest()):
+            raise APIError(401, "invalid API key: send 'Authorization: Bearer <api_key>' (or '<api_key>:<session>')",
+                           "authentication_error", None, "invalid_api_key")
+        return (named or None), None
+
+    def _session(self, request: web.Request) -> Session:
+        key_sid, issued = self._auth(request)
+        sid = request.match_info.get("sid") or request.headers.get(SESSION_HEADER) or key_sid or "default"
+        if not _SID.match(sid):
+            raise bad(None, f"session id {sid[:60]!r} must be 1-128 letters, digits or ._:-", "invalid_session")
+        if issued is not None and sid != issued:
+            raise APIError(403, "this API key belongs to another session", "permission_error", None,
+                           "wrong_session")
+        if issued is None and sid in self.store.sessions and self.store.sessions[sid].meta.get("_key_hash"):
+            raise APIError(403, f"session {sid!r} is only reachable with its own API key", "permission_error", None,
+                           "wrong_session")
+        return self.store.get(sid, create=True)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        limit = self.cfg.max_request_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise APIError(413, f"request body of {request.content_length} bytes is over max_request_bytes={limit}",
+                           code="request_too_large")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise APIError(413, f"request body over max_request_bytes={limit}", code="request_too_large") from None
+        return parse_json(raw)
+
+    def _check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise APIError(404, f"the model {model!r} does not exist; this gateway serves {self.model_name!r}",
+                           "invalid_request_error", "model", "model_not_found")
+
+    # -- handlers ---------------------------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "model": self.model_name})
+
+    async def models(self, request: web.Request) -> web.Response:
+        self._auth(request)
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentrl",
+             "max_model_len": self.store.max_model_len}]})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        self._auth(request)  # an unauthenticated request learns nothing, not even whether its JSON is valid
+        req = parse_chat(await self._body(request))
+        self._check_model(req.model)
+        session = self._session(request)
+        if req.stream:
+            return await self._stream(request, session.chat(req), req.model, req.include_usage, chat=True)
+        done = await session.chat(req)
+        return web.json_response({
+            "id": new_id("chatcmpl"), "object": "chat.completion", "created": now(), "model": req.model,
+            "choices": [self._chat_choice(c, req.sampling.logprobs) for c in done.choices],
+            "usage": usage(done.prompt_tokens, done.completion_tokens),
+        })
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        self._auth(request)
+        req = parse_completion(await self._body(request))
+        self._check_model(req.model)
+        session = self._session(request)
+        if req.stream:
+            return await self._stream(request, session.complete(req), req.model, req.include_usage, chat=False)
+        done = await session.complete(req)
+        return web.json_response({
+            "id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": req.model,
+            "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+                         "logprobs": self._text_logprobs(c) if req.sampling.logprobs else None} for c in done.choices],
+            "usage": usage(done.prompt_tokens, done.completion_tokens),
+        })
+
+    @staticmethod
+    def _logprobs(c: Choice) -> dict[str, Any]:
+        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                            for t, lp in zip(c.token_texts, c.logprobs)]}
+
+    @staticmethod
+    def _text_logprobs(c: Choice) -> dict[str, Any]:
+        offsets, at = [], 0
+        for t in c.token_texts:
+            offsets.append(at)
+            at += len(t)
+        return {"tokens": c.token_texts, "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": offsets}
+
+    def _chat_choice(self, c: Choice, logprobs: bool) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": c.content}
+        if c.reasoning is not None:
+            msg["reasoning_content"] = c.reasoning
+        if c.tool_calls:
+            msg["tool_calls"] = c.tool_calls
+        return {"index": c.index, "message": msg, "finish_reason": c.finish_reason,
+                "logprobs": self._logprobs(c) if logprobs else None}
+
+    async def _stream(self, request: web.Request, work: Any, model: str, include_usage: bool, *,
+                      chat: bool) -> web.StreamResponse:
+        """Runs ``work`` (a session request) and answers with SSE chunks. Errors before the first byte are normal
+        error responses; later ones are an error event before ``[DONE]``."""
+        task = asyncio.ensure_future(work)
+        try:  # fail fast: validation errors raised before the engine is called still get a plain error response
+            done: Completion | None = await asyncio.wait_for(asyncio.shield(task), 0.05)
+        except asyncio.TimeoutError:
+            done = None
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            while done is None:
+                try:
+                    done = await asyncio.wait_for(asyncio.shield(task), self.cfg.keepalive_s)
+                except asyncio.TimeoutError:
+                    await resp.write(b": keep-alive\n\n")
+        except APIError as e:
+            await resp.write(sse(e.body()))
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        except (ConnectionResetError, asyncio.CancelledError):
+            task.cancel()
+            raise
+        except Exception as e:
+            log.exception("gateway: streamed request failed")
+            await resp.write(sse(APIError(500, f"internal error: {e!r:.500}", "server_error").body()))
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        cid, created = new_id("chatcmpl" if chat else "cmpl"), now()
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        for c in done.choices:
+            for delta, finish in (self._chat_deltas(c) if chat else [({"text": c.text}, None), ({"text": ""}, c.finish_reason)]):
+                choice: dict[str, Any] = {"index": c.index, "finish_reason": finish}
+                if chat:
+                    choice["delta"] = delta
+                    choice["logprobs"] = None
+                else:
+                    choice.update(delta)
+                    choice["logprobs"] = None
+                await resp.write(sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [choice]}))
+        if include_usage:
+            await resp.write(sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
+                                  "usage": usage(done.prompt_tokens, done.completion_tokens)}))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    @staticmethod
+    def _chat_deltas(c: Choice) -> list[tuple[dict[str, Any], str | None]]:
+        out: list[tuple[dict[str, Any], str | None]] = [({"role": "assistant", "content": ""}, None)]
+        if c.reasoning:
+            out.append(({"reasoning_content": c.reasoning}, None))
+        if c.content:
+            out.append(({"content": c.content}, None))
+        for k, call in enumerate(c.tool_calls):
+            out.append(({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                         "function": {"name": call["function"]["name"],
+                                                      "arguments": call["function"]["arguments"]}}]}, None))
+        out.append(({}, c.finish_reason))
+        return out
+
+    # -- session API ------------------------------------------------------------------------------------------------
+    def _session_for_api(self, request: web.Request) -> str:
+        key_sid, issued = self._auth(request)
+        sid = request.match_info["id"]
+        if issued is not None and sid != issued:
+            raise APIError(403, "this API key belongs to another session", "permission_error", None, "wrong_session")
+        return sid
+
+    async def list_sessions(self, request: web.Request) -> web.Response:
+        _, issued = self._auth(request)
+        if issued is not None:
+            raise APIError(403, "a session key cannot list sessions", "permission_error", None, "wrong_session")
+        return web.json_response({"data": [{"id": s.id, **s.info()} for s in self.store.sessions.values()]})
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        sid = self._session_for_api(request)
+        s = self.store.get(sid, create=False)
+        return web.json_response({"id": sid, **s.info(), "segment_lengths": [len(x.token_ids) for x in s.segments]})
+
+    async def end_session(self, request: web.Request) -> web.Response:
+        sid = self._session_for_api(request)
+        body = await self._body(request) if request.can_read_body else {}
+        reward = body.get("reward", 0.0)
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward or abs(reward) == float("inf"):
+            raise bad("reward", f"reward must be a finite number, got {reward!r:.60}")
+        info = body.get("info") or {}
+        if not isinstance(info, dict):
+            raise bad("info", "info must be an object")
+        s = self.store.get(sid, create=False)
+        if s.inflight:
+            raise APIError(409, f"session {sid!r} has {s.inflight} request(s) in flight; end it after they return",
+                           code="session_busy")
+        if s.meta.get("_key_hash"):
+            raise APIError(403, f"session {sid!r} is owned by a training episode; it ends with its harness",
+                           "permission_error", None, "session_owned")
+        want = body.get("return_trajectory", False)
+        if not isinstance(want, bool):
+            raise bad("return_trajectory", "return_trajectory must be a boolean")
+        traj = self.store.end(sid, float(reward), info)
+        out = {"id": traj.id, "reward": traj.reward, "tokens": len(traj.token_ids), "sampled_tokens": traj.num_generated,
+               "segments": len(traj.segments) or 1, "requests": traj.num_turns, "written": self.cfg.out}
+        if want:
+            out["trajectory"] = traj.to_dict()
+        return web.json_response(out)
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        self._auth(request)
+        return web.json_response({**self.metrics(), "time": time.time()})
+
+    def metrics(self) -> dict[str, float]:
+        """The store's metrics plus ``gateway/errors/<code>`` counters."""
+        out = self.store.metrics()
+        out.update({f"gateway/errors/{k}": float(v) for k, v in self.errors.items()})
+        return out

@@ -1,0 +1,506 @@
+"""Trajectory assembly per session: every request's exact prompt and sampled tokens, as training segments.
+
+A session's tokens are a list of **segments**; each segment is one training sample whose tokens are exactly a
+context the engine was given followed by what it sampled (and the template's closing). For each request:
+
+1. **Render.** Chat requests are rendered with the model's chat template by the shared renderer
+   (:class:`agentrl.chat.ChatRenderer`); completions prompts are taken as they are (text or token ids). An
+   assistant message the client sends back unchanged (same content, tool calls and call ids as the gateway
+   returned) is rendered as the gateway recorded it (reasoning field, the model's own argument text), so clients
+   that drop fields they do not know do not cause drift.
+2. **Match.** The rendering is compared with every segment's text: when it extends one (text prefix, and the
+   renderer's token-boundary check holds), the request **appends** to the longest such segment: its prompt is that
+   segment's tokens (never re-encoded) plus the new tokens. Otherwise (the harness edited or compacted history,
+   stripped ``<think>``, or the template rewrites the past) it is a **drift**: a new segment starts whose prompt is
+   the whole rendering, so it is trained on exactly the context the model saw. Nothing is masked or dropped.
+3. **Sample.** ``n`` completions are sampled (aborted engine requests are resubmitted with the tokens so far; every
+   token keeps the version that produced it). The closing the model did not generate is appended (mask 0), as in
+   the agent loop (:meth:`ChatRenderer.end_turn`).
+4. **Commit.** The first completion extends the matched segment in place when nothing else extended it meanwhile;
+   every other completion (``n > 1``, or a concurrent request on the same segment) becomes its own segment whose
+   copied prefix is context (loss mask 0: its generated tokens are trained once, in the segment they were sampled
+   in). So **every sampled token is trained exactly once**, with its behaviour log-prob and version.
+
+``n > 1``: all ``n`` completions are recorded and trained with the session's reward (the completion the harness
+continues gets the later turns appended; the others are segments that end there). A request that fails (bad
+input, engine error, the session ended while it was sampled) changes nothing in its session; a completion whose
+client hung up is still recorded (the engine sampled it; aiohttp does not cancel handlers on disconnect), so a
+retry of the same request is a drift, never a lost token. Ending a session aborts its engine requests in flight.
+
+The live sessions, their bounds and the gateway's counters are :class:`agentrl.gateway.store.SessionStore`'s.
+
+Invariants (checked by :meth:`Session.token_record` through :meth:`agentrl.trajectory.Trajectory.validate`): token
+fields aligned; loss mask 1 exactly on sampled tokens, which carry the engine's log-prob and a version >= 0; every
+segment is at most ``max_model_len`` tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import json
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from agentrl.chat import ChatRenderer
+from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, Sampling, bad
+from agentrl.inference.base import Generation, SamplingParams
+from agentrl.policy import TokenRecord
+from agentrl.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.gateway.store import SessionStore
+
+
+@dataclass
+class Segment:
+    """One training sample: aligned token fields and the text the stream renders to (for matching)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    text: str = ""
+    prompt_len: int = -1  # tokens before the segment's first sampled token
+
+    def add_fixed(self, ids: list[int]) -> None:
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
+
+    def add_generated(self, gen: Generation) -> None:
+        if self.prompt_len < 0:
+            self.prompt_len = len(self.token_ids)
+        self.token_ids += gen.token_ids
+        self.loss_mask += [1] * len(gen.token_ids)
+        self.logprobs += [float(x) for x in gen.logprobs]
+        self.versions += [int(v) for v in gen.versions]
+
+
+@dataclass
+class Choice:
+    """One sampled completion as the client gets it, with its tokens. ``finish_reason`` is OpenAI's (``stop``,
+    ``length``, ``tool_calls``)."""
+
+    index: int
+    text: str
+    content: str | None
+    reasoning: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    parse_errors: list[str] = field(default_factory=list)
+    token_texts: list[str] = field(default_factory=list)  # filled when the client asked for logprobs
+    stream_ids: list[int] = field(default_factory=list)  # closing appended after the sampled tokens (mask 0)
+    stream_text: str = ""
+
+
+@dataclass
+class Completion:
+    """A request's result: its choices, prompt size, and how it was assembled (``appended`` to a segment or a
+    ``drift`` that started a new one; ``reason`` says why)."""
+
+    session_id: str
+    request: int
+    choices: list[Choice]
+    prompt_tokens: int
+    appended: bool
+    drift: bool
+    reason: str = ""
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.choices)
+
+
+@dataclass
+class _Plan:
+    prompt_ids: list[int]
+    new_ids: list[int]  # tokens added after the base segment's tokens (the whole prompt for a new segment)
+    text: str  # the prompt's text
+    base: Segment | None
+    base_len: int
+    drift: bool
+    reason: str = ""
+
+
+def _assistant_key(content: str | None, calls: list[dict[str, Any]]) -> str:
+    """The identity of an assistant message as OpenAI clients send it back (content, calls, call ids)."""
+    norm = []
+    for c in calls:
+        fn = c.get("function") or {}
+        args = fn.get("arguments", "")
+        try:
+            args = json.dumps(json.loads(args), sort_keys=True, ensure_ascii=False)
+        except (TypeError, ValueError):
+            pass
+        norm.append([fn.get("name"), args, c.get("id") or ""])
+    return json.dumps([(content or "").strip(), norm], ensure_ascii=False)
+
+
+def _seed(base: int | None, *parts: Any) -> int | None:
+    if base is None:
+        return None
+    return zlib.crc32(repr((base,) + parts).encode()) & 0x7FFFFFFF
+
+
+class Session:
+    """One harness conversation's token record (see the module docstring). Created by :class:`SessionStore`.
+
+    ``meta``: what the creator attached (trajectory and group ids, task). ``listeners`` are called with every
+    :class:`Completion` once it is committed (the manager integration turns them into actions)."""
+
+    def __init__(self, sid: str, store: "SessionStore", meta: dict[str, Any] | None = None):
+        self.id, self.store, self.meta = sid, store, dict(meta or {})
+        self.r: ChatRenderer = store.renderer
+        self.segments: list[Segment] = []
+        self.requests = 0
+        self.closed = False
+        self.created = self.last_used = time.monotonic()
+        self.inflight = 0
+        self.stats: dict[str, int] = {"requests": 0, "choices": 0, "drifts": 0, "appends": 0, "substituted": 0,
+                                      "tool_calls": 0, "parse_errors": 0, "sampled_tokens": 0, "resubmits": 0}
+        self.drifts: list[str] = []
+        self.last_messages: list[dict[str, Any]] = []
+        self.listeners: list[Callable[[Completion], None]] = []
+        self._ours: dict[str, dict[str, Any]] = {}
+        self._live: set[str] = set()  # engine request ids in flight
+        self._aborts: set[asyncio.Task] = set()
+
+    # -- sizes ------------------------------------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise APIError(409, f"session {self.id!r} has ended; start a new session", "invalid_request_error",
+                           None, "session_ended")
+
+    def close(self) -> None:
+        """Ends the session: later requests get 409, and the engine requests in flight are aborted (an episode
+        cancelled for staleness, or ended while its harness still waits, stops using the engine at once); their
+        requests then fail with 409 and record nothing more."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a synchronous caller): nothing can be in flight either
+        for rid in list(self._live):
+            task = loop.create_task(self.store.engine.abort(rid))
+            self._aborts.add(task)
+            task.add_done_callback(self._aborts.discard)
+
+    # -- planning ---------------------------------------------------------------------------------------------------
+    def _plan_text(self, text: str, role: str | None) -> _Plan:
+        best: Segment | None = None
+        for seg in self.segments:
+            if (best is None or len(seg.text) >= len(best.text)) and seg.text and text.startswith(seg.text):
+                best = seg
+        if best is not None:
+            c = self.r.continue_text(best.text, text, role)
+            if c.kind == "append":
+                return _Plan(best.token_ids + c.ids, list(c.ids), text, best, len(best.token_ids), False)
+            reason = c.reason
+        elif self.segments:
+            last = self.segments[-1].text
+            i = next((k for k, (a, b) in enumerate(zip(last, text)) if a != b), min(len(last), len(text)))
+            reason = (f"the prompt does not extend any of the session's {len(self.segments)} segments (vs. the last: "
+                      f"first difference at character {i}: {last[i:i + 40]!r} became {text[i:i + 40]!r})")
+        else:
+            reason = ""
+        ids = self.r.encode(text)
+        return _Plan(ids, ids, text, None, 0, bool(self.segments), reason)
+
+    def _plan_ids(self, ids: list[int]) -> _Plan:
+        best: Segment | None = None
+        for seg in self.segments:
+            n = len(seg.token_ids)
+            if (best is None or n >= len(best.token_ids)) and n and ids[:n] == seg.token_ids:
+                best = seg
+        if best is not None:
+            new = ids[len(best.token_ids):]
+            return _Plan(list(ids), new, best.text + self.r.decode_after(best.token_ids, new), best,
+                         len(best.token_ids), False)
+        return _Plan(list(ids), list(ids), self.r.decode(ids), None, 0, bool(self.segments),
+                     "the prompt's token ids do not extend any segment" if self.segments else "")
+
+    def _for_template(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The request's messages as the template reads them: assistant turns the gateway returned are swapped for
+        the message it recorded; other assistant tool calls get their arguments in the family's form."""
+        out = []
+        for m in messages:
+            if m["role"] == "assistant":
+                ours = self._ours.get(_assistant_key(m.get("content"), m.get("tool_calls") or []))
+                if ours is not None:
+                    self.stats["substituted"] += 1
+                    out.append(copy.deepcopy(ours))
+                    continue
+                if m.get("tool_calls") and self.r.family.arguments == "dict":
+                    m = dict(m)
+                    calls = []
+                    for c in m["tool_calls"]:
+                        try:
+                            args: Any = json.loads(c["function"]["arguments"] or "{}")
+                        except ValueError:
+                            args = c["function"]["arguments"]
+                        calls.append({**c, "function": {**c["function"], "arguments": args}})
+                    m["tool_calls"] = calls
+            out.append(m)
+        return out
+
+    # -- sampling ---------------------------------------------------------------------------------------------------
+    def _params(self, s: Sampling, room: int) -> SamplingParams:
+        cfg = self.store.cfg
+        cap = self.store.max_tokens
+        if s.max_tokens is not None and s.max_tokens > cap:
+            raise bad("max_tokens", f"max_tokens={s.max_tokens} is over this gateway's limit of {cap}",
+                      "max_tokens_too_large")
+        client = cfg.sampling == "client"
+        return SamplingParams(
+            temperature=s.temperature if client and s.temperature is not None else cfg.temperature,
+            top_p=s.top_p if client and s.top_p is not None else cfg.top_p,
+            top_k=s.top_k if client and s.top_k is not None else cfg.top_k,
+            max_tokens=max(1, min(s.max_tokens or cap, room)),
+            stop=list(s.stop),
+            seed=s.seed,
+            ignore_eos=s.ignore_eos,
+        )
+
+    async def _sample(self, prompt: list[int], params: SamplingParams, rid: str) -> Generation:
+        """Returns one completion's tokens; aborted requests (weight updates in abort mode) are resubmitted with the
+        tokens so far (the agent loop's rule), each token keeping the version that produced it."""
+        engine = self.store.engine
+        out = Generation(token_ids=[], logprobs=[], versions=[], finish_reason="length")
+        for attempt in range(self.store.cfg.max_resubmits + 1):
+            remaining = params.max_tokens - len(out.token_ids)
+            if remaining <= 0:
+                out.finish_reason = "length"
+                return out
+            p = dataclasses.replace(params, max_tokens=remaining, seed=_seed(params.seed, rid, attempt))
+            req = f"{rid}-r{attempt}"
+            self._live.add(req)
+            try:
+                gen = await engine.generate(prompt + out.token_ids, p, request_id=req, session_id=self.id)
+            finally:
+                self._live.discard(req)
+            n = len(gen.token_ids)
+            if len(gen.logprobs) != n or len(gen.versions) != n or any(v < 0 for v in gen.versions):
+                raise RuntimeError(f"engine returned a misaligned or unversioned generation ({n} tokens, "
+                                   f"{len(gen.logprobs)} logprobs, versions {gen.versions!r:.100})")
+            out.token_ids += gen.token_ids
+            out.logprobs += gen.logprobs
+            out.versions += gen.versions
+            out.finish_reason, out.stop_reason = gen.finish_reason, gen.stop_reason
+            if gen.finish_reason != "abort" or self.closed:
+                return out
+            self.stats["resubmits"] += 1
+        raise RuntimeError(f"request {rid}: aborted {self.store.cfg.max_resubmits + 1} times (max_resubmits)")
+
+    async def _sample_n(self, plan: _Plan, s: Sampling) -> tuple[list[Generation], SamplingParams]:
+        r = self.r
+        closing = len(r.closing_ids)
+        limit = self.store.max_model_len
+        room = limit - len(plan.prompt_ids) - closing
+        if room < 1:
+            raise bad("messages", f"this model's maximum context length is {limit} tokens; the prompt has "
+                                  f"{len(plan.prompt_ids)} (plus {closing} for the closing), which leaves no room to "
+                                  f"generate", "context_length_exceeded")
+        if s.n > self.store.cfg.max_n:
+            raise bad("n", f"n={s.n} is over this gateway's limit of {self.store.cfg.max_n}")
+        params = self._params(s, room)
+        budget = self.store.cfg.max_session_tokens - self.num_tokens
+        need = s.n * (len(plan.prompt_ids) + params.max_tokens + closing)
+        if need > budget:
+            raise bad(None, f"session {self.id!r} would exceed max_session_tokens="
+                            f"{self.store.cfg.max_session_tokens} ({self.num_tokens} recorded, up to {need} more); end "
+                            f"the session and start a new one", "session_token_limit")
+        base_seed = params.seed
+        if s.n == 1:
+            return [await self._sample(plan.prompt_ids, params, f"gw-{self.id}-{self.requests}-0")], params
+        tasks = [asyncio.ensure_future(self._sample(
+            plan.prompt_ids, dataclasses.replace(params, seed=_seed(base_seed, i) if base_seed is not None else None),
+            f"gw-{self.id}-{self.requests}-{i}")) for i in range(s.n)]
+        try:
+            gens = await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return list(gens), params
+
+    # -- requests ---------------------------------------------------------------------------------------------------
+    async def chat(self, req: ChatRequest) -> Completion:
+        """Serves one chat-completions request (see the module docstring); raises :class:`APIError` for requests
+        that cannot be served (the session is then unchanged)."""
+        self._check_open()
+        tools = req.tools
+        msgs = self._for_template(req.messages)
+        try:
+            text = self.r.render(msgs, add_generation_prompt=True, tools=tools)
+        except Exception as e:  # a template's own raise_exception() or a Jinja error: the client's input
+            raise bad("messages", f"the model's chat template cannot render these messages: {e}",
+                      "template_error") from None
+        plan = self._plan_text(text, msgs[-1].get("role"))
+        self._begin()
+        try:
+            gens, _ = await self._sample_n(plan, req.sampling)
+        finally:
+            self.inflight -= 1
+        self._check_open()  # ended while the engine was sampling: its trajectory is already taken
+        choices = [self._read_chat(plan, g, tools, req.tool_choice, i, req.sampling.logprobs)
+                   for i, g in enumerate(gens)]
+        self.last_messages = req.messages
+        return self._commit(plan, choices)
+
+    async def complete(self, req: CompletionRequest) -> Completion:
+        """Serves one completions request (text prompt or token ids), as :meth:`chat` does."""
+        self._check_open()
+        plan = self._plan_ids(req.prompt) if isinstance(req.prompt, list) else self._plan_text(req.prompt, None)
+        vocab = self.store.vocab_size
+        if vocab and any(t >= vocab for t in plan.prompt_ids):
+            raise bad("prompt", f"prompt has token ids outside the vocabulary [0, {vocab})")
+        self._begin()
+        try:
+            gens, _ = await self._sample_n(plan, req.sampling)
+        finally:
+            self.inflight -= 1
+        self._check_open()  # ended while the engine was sampling: its trajectory is already taken
+        choices = []
+        for i, g in enumerate(gens):
+            ids = list(g.token_ids)
+            while ids and ids[-1] in self.r.eos_ids:
+                ids.pop()
+            text = self.r.decode_after(plan.prompt_ids, ids)
+            text = _cut_stop(text, g.stop_reason)
+            choices.append(Choice(i, text, text, None, [], "length" if g.finish_reason == "length" else "stop",
+                                  list(g.token_ids), list(g.logprobs), list(g.versions),
+                                  token_texts=self._token_texts(g.token_ids, req.sampling.logprobs),
+                                  stream_text=self.r.decode_after(plan.prompt_ids, g.token_ids)))
+        return self._commit(plan, choices)
+
+    def _begin(self) -> None:
+        self.inflight += 1
+        self.last_used = time.monotonic()
+
+    def _token_texts(self, ids: list[int], want: bool) -> list[str]:
+        return [self.r.decode([t]) for t in ids] if want else []
+
+    def _read_chat(self, plan: _Plan, g: Generation, tools: list[dict] | None, tool_choice: str, i: int,
+                   logprobs: bool) -> Choice:
+        r = self.r
+        end = r.end_turn(plan.prompt_ids[-4:], g.token_ids, tools)
+        native = r.family.tool_parser != "agentrl"
+        if tool_choice == "none":
+            content, reasoning, calls, errors = _cut_stop(end.text, g.stop_reason), None, [], []
+            msg: dict[str, Any] = {"role": "assistant", "content": end.text}
+        else:
+            prefix = r.generation_prefix(plan.text) if native else ""
+            turn, msg = r.read_turn(prefix + end.text, end.text_ids, tools, seed=f"{self.id}/{self.requests}/{i}")
+            if not native:
+                msg = {"role": "assistant", "content": end.text}  # the tiny model's template reads calls from text
+            content, reasoning, calls, errors = turn.content, turn.reasoning, turn.openai_tool_calls(), turn.errors
+            if not calls:
+                content = _cut_stop(content, g.stop_reason)
+        finish = "tool_calls" if calls else "length" if g.finish_reason == "length" else "stop"
+        self._ours[_assistant_key(content, calls)] = msg
+        return Choice(i, end.text, content if content or not calls else None, reasoning, calls, finish,
+                      list(g.token_ids), list(g.logprobs), list(g.versions), list(errors),
+                      self._token_texts(g.token_ids, logprobs), list(end.append_ids), end.stream_text)
+
+    def _commit(self, plan: _Plan, choices: list[Choice]) -> Completion:
+        """Records the choices (see the module docstring, step 4); never awaits, so commits are atomic."""
+        self.requests += 1
+        appended = False
+        for ch in choices:
+            gen = Generation(ch.token_ids, ch.logprobs, ch.versions, "stop")
+            if plan.base is not None and not appended and len(plan.base.token_ids) == plan.base_len \
+                    and any(s is plan.base for s in self.segments):
+                seg = plan.base
+                seg.add_fixed(plan.new_ids)
+                appended = True
+            else:
+                seg = Segment()
+                if plan.base is not None:  # the shared prefix is context here: it is trained in its own segment
+                    seg.add_fixed(plan.base.token_ids[:plan.base_len])
+                seg.add_fixed(plan.new_ids)
+                self.segments.append(seg)
+            seg.add_generated(gen)
+            seg.add_fixed(ch.stream_ids)
+            seg.text = plan.text + ch.stream_text
+        st = self.stats
+        st["requests"] += 1
+        st["choices"] += len(choices)
+        st["drifts"] += plan.drift
+        st["appends"] += plan.base is not None
+        st["tool_calls"] += sum(len(c.tool_calls) for c in choices)
+        st["parse_errors"] += sum(bool(c.parse_errors) for c in choices)
+        st["sampled_tokens"] += sum(len(c.token_ids) for c in choices)
+        if plan.drift:
+            self.drifts.append(f"request {self.requests}: {plan.reason[:300]}")
+        self.last_used = time.monotonic()
+        done = Completion(self.id, self.requests, choices, len(plan.prompt_ids), plan.base is not None, plan.drift,
+                          plan.reason)
+        self.store.note(done)
+        for fn in list(self.listeners):
+            fn(done)
+        return done
+
+    # -- the record -------------------------------------------------------------------------------------------------
+    def token_record(self) -> TokenRecord:
+        """Returns the session's tokens: the segments concatenated, ``segments`` their lengths (empty for one)."""
+        ids: list[int] = []
+        mask: list[int] = []
+        lps: list[float] = []
+        vs: list[int] = []
+        for s in self.segments:
+            ids += s.token_ids
+            mask += s.loss_mask
+            lps += s.logprobs
+            vs += s.versions
+        first = self.segments[0].prompt_len if self.segments else 0
+        return TokenRecord(ids, mask, lps, vs, max(first, 0),
+                           [len(s.token_ids) for s in self.segments] if len(self.segments) > 1 else [],
+                           self.info())
+
+    def info(self) -> dict[str, Any]:
+        st = self.stats
+        out: dict[str, Any] = {f"gateway/{k}": v for k, v in st.items()}
+        out["gateway/segments"] = len(self.segments)
+        out["gateway/drift_rate"] = st["drifts"] / max(st["requests"] - 1, 1)
+        if self.drifts:
+            out["gateway/drift_reasons"] = self.drifts[-8:]
+        return out
+
+    def trajectory(self, reward: float = 0.0, info: dict[str, Any] | None = None,
+                   termination: str = "terminated") -> Trajectory:
+        """Returns the session as a :class:`Trajectory` (validated) with ``reward``."""
+        rec = self.token_record()
+        t = Trajectory(id=str(self.meta.get("trajectory_id", self.id)), group_id=str(self.meta.get("group_id", self.id)),
+                       env_id=str(self.meta.get("env_id", "gateway")), seed=self.meta.get("seed"),
+                       task=self.meta.get("task"), token_ids=rec.token_ids, loss_mask=rec.loss_mask,
+                       logprobs=rec.logprobs, versions=rec.versions, prompt_len=rec.prompt_len, segments=rec.segments,
+                       messages=list(self.last_messages), rewards=[float(reward)], reward=float(reward),
+                       termination=termination,  # type: ignore[arg-type]
+                       num_turns=self.requests, info={**rec.info, **(info or {})},
+                       timings={"total_s": time.monotonic() - self.created})
+        t.validate()
+        return t
+
+
+def _cut_stop(text: str, stop_reason: Any) -> str:
+    """OpenAI (and vLLM) leave a matched stop string out of the returned text."""
+    if isinstance(stop_reason, str) and stop_reason:
+        at = text.find(stop_reason)
+        if at >= 0:
+            return text[:at]
+    return text
