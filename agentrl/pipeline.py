@@ -74,7 +74,8 @@ class EnvConfig:
 @dataclass
 class WarmStartConfig:
     """Supervised warm start on the env's scripted solver, with a fraction ``noise`` of its actions replaced by a
-    random one of ``noise_actions``; ``episodes: 0`` disables it. Runs once per run directory."""
+    random one of ``noise_actions`` (empty: the env's own scripted mistakes, ``agentrl.envs.mistakes_for``);
+    ``episodes: 0`` disables it. Runs once per run directory."""
 
     episodes: int = 0
     noise: float = 0.5
@@ -88,8 +89,6 @@ class WarmStartConfig:
             raise ValueError("episodes and steps must be >= 0 and batch_size >= 1")
         if not 0.0 <= self.noise <= 1.0:
             raise ValueError(f"noise must be in [0, 1], got {self.noise}")
-        if self.episodes and self.noise > 0 and not self.noise_actions:
-            raise ValueError("noise_actions must list the random actions when noise > 0")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
@@ -146,6 +145,15 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.manager.async_ratio is not None:
             raise ValueError("set async_ratio at the top level, not manager.async_ratio")
+        ws = self.warm_start
+        if ws.episodes and ws.noise > 0 and not ws.noise_actions:
+            from agentrl.envs import mistakes_for
+
+            try:
+                mistakes_for(self.env.id)
+            except LookupError:
+                raise ValueError(f"warm_start.noise_actions must list the random actions when noise > 0 ({self.env.id} "
+                                 f"has no scripted mistakes)") from None
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
@@ -212,9 +220,20 @@ class RunFiles:
 
 
 # ------------------------------------------------------------------------------------------------- evaluation
+def tool_metrics(trajs: list[Any]) -> dict[str, float]:
+    """Per-episode means over ``trajs``: ``parse_errors_per_episode`` (malformed tool calls, the agent loop's
+    ``chat/tool_parse_errors``) and, when the env counts them in its info, ``invalid_actions_per_episode``."""
+    if not trajs:
+        return {}
+    out = {"parse_errors_per_episode": sum(t.info.get("chat/tool_parse_errors", 0) for t in trajs) / len(trajs)}
+    if any("invalid_actions" in t.info for t in trajs):
+        out["invalid_actions_per_episode"] = sum(t.info.get("invalid_actions", 0) for t in trajs) / len(trajs)
+    return out
+
+
 async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, episodes: int) -> dict[str, float]:
-    """Returns the mean reward and the share of episodes with reward > 0 of the engine's current policy on the first
-    ``episodes`` held-out seeds (``EVAL_SEED_START + i``)."""
+    """Returns the mean reward, the share of episodes with reward > 0 and :func:`tool_metrics` of the engine's current
+    policy on the first ``episodes`` held-out seeds (``EVAL_SEED_START + i``)."""
     from agentrl.manager import EnvManager
     from agentrl.rollout import AgentLoopPolicy
 
@@ -229,20 +248,20 @@ async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, episodes: int)
         trajs = await mgr.run_episodes(specs)
     rewards = [t.reward for t in trajs]
     return {"reward": sum(rewards) / len(rewards), "success": sum(r > 0 for r in rewards) / len(rewards),
-            "episodes": float(len(rewards))}
+            "episodes": float(len(rewards)), **tool_metrics(trajs)}
 
 
 # ------------------------------------------------------------------------------------------------- warm start
 async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer: Any) -> Path:
     """Trains ``model_dir`` on noisy scripted demonstrations and saves the result under ``out_dir`` (atomically);
     returns the directory of the warm-started model."""
-    from agentrl.envs import solver_for
+    from agentrl.envs import mistakes_for, solver_for
     from agentrl.manager import EnvManager
     from agentrl.trainer.trainer import Trainer
     from agentrl.warmstart import DemoPolicy, noisy
 
     ws = cfg.warm_start
-    fn = noisy(solver_for(cfg.env.id), ws.noise_actions, ws.noise, seed=cfg.seed)
+    fn = noisy(solver_for(cfg.env.id), ws.noise_actions or mistakes_for(cfg.env.id), ws.noise, seed=cfg.seed)
     policy = DemoPolicy(fn, tokenizer, cfg.rollout)
     mcfg = dataclasses.replace(cfg.manager, workers=0, async_ratio=None, num_groups=1, group_size=1,
                                extra_groups=0, extra_per_group=0)
@@ -451,6 +470,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                     "dropped_queued_groups": float(dropped_queued),
                     "wall_s": time.time(),
                 })
+                row.update(_flatten(tool_metrics(trajs), "tool/"))
                 if cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.steps:
                     row.update(_flatten(await evaluate(engine, tokenizer, cfg, cfg.eval.episodes), "eval/"))
                 files.append_metrics(row)
