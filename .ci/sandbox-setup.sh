@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up the sandbox engines on a fresh Debian machine (idempotent; run as root from the repository root):
-# Debian's docker.io, bubblewrap, debootstrap, busybox-static; dockerd in the background (log in
+# Debian's docker.io, bubblewrap, debootstrap, busybox-static, chromium (viewer tests); dockerd in the background (log in
 # $DOCKERD_LOG); the images agentrl-base:latest and agentrl-busybox:latest (skipped when present).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,10 @@ command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v docker-init >/dev/null 2>&1 || need+=(tini)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
+dpkg -s libseccomp2 >/dev/null 2>&1 || need+=(libseccomp2)
+# Headless Chromium for the viewer's browser tests (tests/viewer/test_browser.py).
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ "${#need[@]}" -gt 0 ]; then
     echo "sandbox-setup: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

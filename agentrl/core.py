@@ -9,8 +9,6 @@ HTTP tools) overrides the async methods natively.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import os
 import string
 from typing import Any, Callable, SupportsFloat, TypeVar, Union
@@ -18,6 +16,8 @@ from typing import Any, Callable, SupportsFloat, TypeVar, Union
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+
+from agentrl.syncpool import SyncPool
 
 Message = dict[str, Any]
 """A chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": str}`` (tool messages may carry
@@ -109,23 +109,32 @@ def as_messages(obs: Observation) -> list[Message]:
     return list(obs)
 
 
-_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_pool: SyncPool | None = None
 
 
 def set_sync_env_threads(n: int) -> None:
-    """Bounds the thread pool that runs sync-only envs (default ``AGENTRL_ENV_THREADS`` or 32)."""
-    global _executor
-    old, _executor = _executor, concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="agentrl-env")
+    """Bounds the thread pool that runs sync-only envs (default ``AGENTRL_ENV_THREADS`` or 32); up to ``4 n``
+    calls that never return are tolerated besides (see :mod:`agentrl.syncpool`)."""
+    global _pool
+    old, _pool = _pool, SyncPool(n, name="agentrl-env")
     if old is not None:
-        old.shutdown(wait=False)
+        old.close()
+
+
+def sync_pool_stats() -> dict[str, int]:
+    """The sync env pool's counters: size, serving, idle, queued, hung (calls abandoned by their caller that are
+    still running)."""
+    if _pool is None:
+        set_sync_env_threads(int(os.environ.get("AGENTRL_ENV_THREADS", "32")))
+    return _pool.stats()  # type: ignore[union-attr]
 
 
 async def run_sync(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Runs a blocking ``fn(*args, **kwargs)`` in the bounded env thread pool and returns its result."""
-    if _executor is None:
+    """Runs a blocking ``fn(*args, **kwargs)`` in the bounded env thread pool and returns its result. Cancelling
+    the caller (a timeout) abandons a call that never returns without losing a pool thread or blocking exit."""
+    if _pool is None:
         set_sync_env_threads(int(os.environ.get("AGENTRL_ENV_THREADS", "32")))
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_executor, lambda: fn(*args, **kwargs))
+    return await _pool.run(lambda: fn(*args, **kwargs))  # type: ignore[union-attr]
 
 
 class Env(gymnasium.Env[Observation, str]):

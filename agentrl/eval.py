@@ -45,17 +45,23 @@ from agentrl.trajectory import Trajectory
 
 DEFAULT_SEEDS = 100
 
-#: Named suites: lists of env ids (``--env`` can name a suite too).
+#: BFCL v4 categories by leaderboard section (``agentrl.envs.bfcl.categories``; env id ``agentrl/BFCL-<cat>-v0``).
+_BFCL_NON_LIVE = ["simple-python", "simple-java", "simple-javascript", "multiple", "parallel", "parallel-multiple",
+                  "irrelevance"]
+_BFCL_LIVE = ["live-simple", "live-multiple", "live-parallel", "live-parallel-multiple", "live-irrelevance",
+              "live-relevance"]
+_BFCL_MULTI_TURN = ["multi-turn-base", "multi-turn-miss-func", "multi-turn-miss-param", "multi-turn-long-context"]
+
+#: Named suites: lists of env ids (``--env`` can name a suite too). ``bfcl`` is every BFCL category agentrl serves
+#: (all the leaderboard scores but the agentic ones).
 SUITES: dict[str, list[str]] = {
-    "bfcl": ["agentrl/BFCL-simple-v0", "agentrl/BFCL-multiple-v0", "agentrl/BFCL-parallel-v0",
-             "agentrl/BFCL-parallel-multiple-v0"],
-    "bfcl-live": ["agentrl/BFCL-live-simple-v0", "agentrl/BFCL-live-multiple-v0", "agentrl/BFCL-live-parallel-v0",
-                  "agentrl/BFCL-live-parallel-multiple-v0"],
-    "bfcl-all": [],  # filled below: bfcl + bfcl-live + irrelevance
+    "bfcl": [f"agentrl/BFCL-{c}-v0" for c in _BFCL_NON_LIVE + _BFCL_LIVE + _BFCL_MULTI_TURN],
+    "bfcl-non-live": [f"agentrl/BFCL-{c}-v0" for c in _BFCL_NON_LIVE],
+    "bfcl-live": [f"agentrl/BFCL-{c}-v0" for c in _BFCL_LIVE],
+    "bfcl-multi-turn": [f"agentrl/BFCL-{c}-v0" for c in _BFCL_MULTI_TURN],
     "tool-use": ["agentrl/ToolUse-v0"],
     "swe": ["agentrl/SWE-v0"],
 }
-SUITES["bfcl-all"] = SUITES["bfcl"] + SUITES["bfcl-live"] + ["agentrl/BFCL-irrelevance-v0"]
 
 TRAJECTORIES = "trajectories.jsonl"
 PREDICTIONS = "predictions.jsonl"
@@ -92,8 +98,9 @@ class EnvEntry:
 class PolicyConfig:
     """What acts. ``kind``: ``oracle`` (the env's scripted solver: ground truth for BFCL and SWE), ``empty`` (answers
     nothing, or the env's own empty policy), ``vllm`` (in-process engine over ``model``, a HF model dir; the tiny
-    model when unset), ``remote`` (OpenAI-compatible vLLM servers at ``endpoint``; ``model`` is the name they serve
-    and, unless ``engine.tokenizer`` is set, the tokenizer directory, needed for token-in/token-out). ``name`` is the
+    model when unset), ``remote`` (vLLM servers started with ``--enable-scale-out`` at ``endpoint``; ``model`` is
+    the name they serve and, unless ``engine.tokenizer`` is set, the tokenizer directory, needed for
+    token-in/token-out). ``name`` is the
     ``model_name_or_path`` of predictions. ``engine`` holds ``agentrl.inference.config.EngineConfig`` fields,
     ``rollout`` ``agentrl.rollout.RolloutConfig`` fields (both checked when the policy is built)."""
 
@@ -118,6 +125,7 @@ class PolicyConfig:
 @dataclass
 class EvalConfig:
     """A run: ``envs`` and/or a ``suite`` name (their union, suite first), a policy, and the output directory.
+    ``suite_kwargs`` go to ``agentrl.make`` for every env of the suite (e.g. ``{format: prompt}`` for BFCL).
 
     ``limit``: at most this many instances per env (the first ones, deterministic). ``concurrency``: episodes alive
     at once (the manager's ``max_concurrency``). ``retry_errors``: rerun instances whose recorded episode ended in an
@@ -128,6 +136,7 @@ class EvalConfig:
 
     envs: list[EnvEntry] = field(default_factory=list)
     suite: str | None = None
+    suite_kwargs: dict[str, Any] = field(default_factory=dict)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     out: str = "eval_out"
     limit: int | None = None
@@ -163,7 +172,7 @@ class EvalConfig:
 
     def entries(self) -> list[EnvEntry]:
         """Returns the suite's envs followed by ``envs``."""
-        suite = [EnvEntry(id=i) for i in SUITES.get(self.suite or "", [])]
+        suite = [EnvEntry(id=i, kwargs=dict(self.suite_kwargs)) for i in SUITES.get(self.suite or "", [])]
         return suite + list(self.envs)
 
 
@@ -577,7 +586,7 @@ def summarize(records: list[dict[str, Any]], expected: dict[str, int], wall_s: f
             for c in cats:
                 categories.append(row(f"{name} [{c}]", [r for r in rs if str(r.get("category")) == c], None))
     total = row("total", records, sum(expected.values()))
-    return {
+    report = {
         "policy": policy,
         "complete": all(r["n"] >= (r["expected"] or 0) for r in rows),
         "wall_s": wall_s,
@@ -585,6 +594,12 @@ def summarize(records: list[dict[str, Any]], expected: dict[str, int], wall_s: f
         "categories": categories,
         "total": total,
     }
+    if any(str(r.get("env_id", "")).startswith("agentrl/BFCL-") for r in records):
+        # BFCL's per-category and leaderboard scores, aggregated by bfcl-eval's own code (agentrl.envs.bfcl.scoring).
+        from agentrl.envs.bfcl.scoring import section
+
+        report["bfcl"] = section(records, policy or "agentrl")
+    return report
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -613,6 +628,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"Flagged episodes (read git history, or edited the tests or test hooks that grade them): "
                      f"{flagged} ({per_env}).")
     lines.append("Success = SWE `resolved`, else the env's `correct`, else reward >= 1; errored episodes count as failures.")
+    if report.get("bfcl"):
+        from agentrl.envs.bfcl.scoring import render_markdown as bfcl_markdown
+
+        lines += ["", bfcl_markdown(report["bfcl"])]
     return "\n".join(lines) + "\n"
 
 

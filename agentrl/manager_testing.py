@@ -16,6 +16,7 @@ session closes).
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 import time
@@ -40,9 +41,13 @@ class SleepEnv(Env):
     ``fault`` (one of :data:`FAULTS`) at step ``fault_at`` (``-1``: at reset) with probability ``fault_prob``,
     ``slow_prob``/``slow_factor`` (fail-slow: this instance is ``slow_factor`` × slower), ``hang_prob`` (this
     instance hangs at its first step), ``hang_after`` (instances created with this ``tag`` in this process beyond
-    the first ``hang_after`` hang at their first step: deterministic losers for tests), ``final_reward`` (reported as ``info["episode_reward"]`` at the end),
-    ``tag`` (for :data:`EVENTS`). Fault draws use a per-instance RNG that is not the reset seed, so members of a
-    group (same seed) fail independently.
+    the first ``hang_after`` hang at their first step: deterministic losers for tests), ``final_reward`` (reported
+    as ``info["episode_reward"]`` at the end), ``tag`` (for :data:`EVENTS`), ``close_latency`` (seconds ``aclose``
+    takes). Episode length: ``turns``; or ``turns_per_instance[k]`` for the k-th instance created with this ``tag``
+    in this process (the last value repeats); or a long tail, ``turns_tail`` = a Pareto shape, ``turns =
+    min(turns_max, floor(Pareto(shape)))`` (at shape 1 about half the episodes are one turn long). The length is
+    logged as ``(tag, "turns:<n>")`` at reset. Fault and length draws use a per-instance RNG that is not the reset
+    seed, so members of a group (same seed) differ.
     """
 
     description = "manager test env with async sleep latency and injectable faults"
@@ -51,7 +56,8 @@ class SleepEnv(Env):
                  min_latency: float = 0.001, reset_latency: float = 0.0, reward_per_step: float = 1.0,
                  fault: str | None = None, fault_at: int = 0, fault_prob: float = 1.0, slow_prob: float = 0.0,
                  slow_factor: float = 10.0, hang_prob: float = 0.0, final_reward: float | None = None,
-                 tag: Any = None, hang_after: int | None = None):
+                 tag: Any = None, hang_after: int | None = None, close_latency: float = 0.0,
+                 turns_per_instance: list[int] | None = None, turns_tail: float | None = None, turns_max: int = 64):
         super().__init__()
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
@@ -67,6 +73,12 @@ class SleepEnv(Env):
         if hang_after is not None and _CREATED[tag] > hang_after:
             self._hang = True
         self._noise = rng
+        self.close_latency = close_latency
+        k = _CREATED[tag] - 1
+        if turns_per_instance:
+            self.turns = turns_per_instance[min(k, len(turns_per_instance) - 1)]
+        elif turns_tail is not None:
+            self.turns = min(turns_max, math.floor(rng.paretovariate(turns_tail)))
         self.t = 0
         self.seed_seen: int | None = None
         self.options_seen: dict | None = None
@@ -84,6 +96,7 @@ class SleepEnv(Env):
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self.t, self.seed_seen, self.options_seen = 0, seed, options
+        EVENTS.append((self.tag, f"turns:{self.turns}"))
         if self.reset_latency > 0:
             await asyncio.sleep(self.reset_latency)
         fault = self._fault_now(-1)
@@ -135,8 +148,9 @@ class SleepEnv(Env):
         return obs, reward, done, False, info
 
     async def aclose(self) -> None:
+        if self.close_latency > 0:
+            await asyncio.sleep(self.close_latency)
         EVENTS.append((self.tag, "close"))
-
 
 
 class SyncSleepEnv(Env):

@@ -11,157 +11,51 @@ manager alike)::
 - ``async_ratio: 0`` is strict on-policy: the manager admits only the ``B`` trajectories of version ``v`` (AReaL's
   rule ``accepted + running < (α + v + 1)·B`` with α = 0), so rollout for step ``v`` uses weights ``v`` only, and
   the version moves (unlocking the next batch) only after the engine holds the new weights.
-- ``async_ratio: α ≥ 1``: rollout never stops; the same rule lets it run up to α batches ahead, the manager cancels
-  (or drops) running episodes whose oldest token is older than ``v − α``, and the controller drops delivered groups
-  that became too stale while queued, so the trainer never sees a token more than α versions old.
+- ``async_ratio: α ≥ 1``: rollout never stops; the same rule, counted against the engine's version, lets it run up
+  to α batches ahead, and batches are scheduled earliest deadline first (a group admitted at version ``a`` is trained
+  by step ``a + α``, waited for if it must), so the trainer never sees a token more than α versions old and no
+  episode is cancelled for being slow: trained trajectories are an unbiased sample of generated ones
+  (:mod:`agentrl.manager.admission`).
+
+The config (:mod:`agentrl.train_config`, re-exported here) makes the trainer score tokens at the rollout's
+temperature. Every step's metrics line lists the tasks it trained (``tasks``); checkpoints record the tasks opened
+but not yet trained, and a resumed run replays those first, so across a crash every task is trained exactly once.
 
 Run directory (``run_dir``): ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON line per step,
 flushed and fsynced), ``tb/`` (TensorBoard events), ``warmstart/`` (the warm-started starting policy, if any),
 ``checkpoints/step_NNNNNN/`` (trainer checkpoint, written atomically by the trainer) with
 ``checkpoints/step_NNNNNN.json`` (controller state, written atomically after it), and ``summary.json``.
 ``resume`` continues from the newest step whose two parts are both complete: the trainer restores model, optimizer
-and RNG, the engine receives those weights at that version, metrics lines of later steps are removed, and training
-goes on at the next step, so no step is repeated or skipped.
+and RNG, the engine receives those weights at that version, metrics lines of later steps are removed, the manager's
+admission count is restored to the trajectories trained so far, the tasks that were in flight are replayed, and
+training goes on at the next step, so no step or task is repeated or skipped.
+Trained trajectories and the trainer's log-prob records go to ``trajectories.jsonl`` and ``trainer_logprobs.jsonl``
+(:mod:`agentrl.runlog`, shown by ``agentrl view``); resuming drops their lines of later steps too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from agentrl.config import ConfigError, from_dict, to_dict
+from agentrl.config import ConfigError, to_dict
 from agentrl.inference.config import EngineConfig
-from agentrl.manager import EpisodeSpec, ManagerConfig
-from agentrl.rollout import RolloutConfig
-from agentrl.trainer.config import TrainerConfig
+from agentrl.manager import EpisodeSpec
+from agentrl.runlog import TrajectoryLog
+from agentrl.train_config import (DEMO_SEED_START, EVAL_SEED_START, EnvConfig, EvalConfig, TrainConfig,  # noqa: F401
+                                  WarmStartConfig, load_config)
 from agentrl.trajectory import Group
 
 log = logging.getLogger("agentrl.train")
-
-EVAL_SEED_START = 1_000_000  # held-out seeds: never used for training or demonstrations
-DEMO_SEED_START = 2_000_000
-
-
-@dataclass
-class EnvConfig:
-    """The training env: a registered ``id`` with constructor ``kwargs``. Training task ``i`` uses seed
-    ``seed_start + i`` (one seed per group)."""
-
-    id: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    seed_start: int = 0
-
-    def validate(self) -> None:
-        from agentrl.registration import spec
-
-        try:
-            spec(self.id)
-        except Exception as e:
-            raise ValueError(str(e)) from e
-        if self.seed_start < 0 or self.seed_start >= EVAL_SEED_START:
-            raise ValueError(f"seed_start must be in [0, {EVAL_SEED_START}) (higher seeds are held out), got {self.seed_start}")
-
-
-@dataclass
-class WarmStartConfig:
-    """Supervised warm start on the env's scripted solver, with a fraction ``noise`` of its actions replaced by a
-    random one of ``noise_actions`` (empty: the env's own scripted mistakes, ``agentrl.envs.mistakes_for``);
-    ``episodes: 0`` disables it. Runs once per run directory."""
-
-    episodes: int = 0
-    noise: float = 0.5
-    noise_actions: list[str] = field(default_factory=list)
-    steps: int = 100
-    batch_size: int = 64
-    lr: float = 1e-3
-
-    def validate(self) -> None:
-        if self.episodes < 0 or self.steps < 0 or self.batch_size < 1:
-            raise ValueError("episodes and steps must be >= 0 and batch_size >= 1")
-        if not 0.0 <= self.noise <= 1.0:
-            raise ValueError(f"noise must be in [0, 1], got {self.noise}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-
-
-@dataclass
-class EvalConfig:
-    """Reward on ``episodes`` held-out seeds, before RL, every ``every`` steps (0: never in between) and at the end.
-    ``temperature`` None samples as in training."""
-
-    episodes: int = 64
-    every: int = 0
-    temperature: float | None = None
-
-    def validate(self) -> None:
-        if self.episodes < 0 or self.every < 0:
-            raise ValueError("episodes and every must be >= 0")
-
-
-@dataclass
-class TrainConfig:
-    """A training run. ``manager`` sizes the batch: ``num_groups`` groups of ``group_size`` trajectories per step.
-    ``sync_every``: weights go to the engine every k steps (needs ``async_ratio >= k - 1``)."""
-
-    env: EnvConfig
-    run_dir: str = "runs/train"
-    steps: int = 20
-    async_ratio: int = 0
-    sync_every: int = 1
-    checkpoint_every: int = 10
-    seed: int = 0
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    manager: ManagerConfig = field(default_factory=ManagerConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    ray_address: str | None = None
-    ray_num_cpus: int | None = None
-    trainer_num_cpus: float = 1.0
-    tensorboard: bool = True
-    progress: bool = True
-
-    def validate(self) -> None:
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
-        if self.async_ratio < 0:
-            raise ValueError(f"async_ratio must be >= 0, got {self.async_ratio}")
-        if self.sync_every < 1 or self.sync_every > self.async_ratio + 1:
-            raise ValueError(
-                f"sync_every must be in [1, async_ratio + 1] = [1, {self.async_ratio + 1}] (tokens of an engine "
-                f"that lags more than async_ratio versions would all be stale), got {self.sync_every}"
-            )
-        if self.checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
-        if self.manager.async_ratio is not None:
-            raise ValueError("set async_ratio at the top level, not manager.async_ratio")
-        ws = self.warm_start
-        if ws.episodes and ws.noise > 0 and not ws.noise_actions:
-            from agentrl.envs import mistakes_for
-
-            try:
-                mistakes_for(self.env.id)
-            except LookupError:
-                raise ValueError(f"warm_start.noise_actions must list the random actions when noise > 0 ({self.env.id} "
-                                 f"has no scripted mistakes)") from None
-
-
-def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
-    """Loads and validates a training config (YAML + ``key.sub=value`` overrides)."""
-    from agentrl.config import load
-
-    return load(TrainConfig, path, overrides)
-
 
 # ---------------------------------------------------------------------------------------------------- run files
 def _atomic_write(path: Path, text: str) -> None:
@@ -290,6 +184,51 @@ async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer
 
 
 # --------------------------------------------------------------------------------------------------- training
+def check_resources(cfg: TrainConfig) -> None:
+    """Raises :class:`agentrl.inference.placement.ResourceError` unless the Ray cluster can host the trainer and
+    the engine replicas at once (README, "Running on a Ray cluster")."""
+    from agentrl.inference.placement import Ask, check_fits, cluster_has_gpus, engine_ask
+
+    gpus = cluster_has_gpus()
+    trainer = Ask("trainer_num_cpus / trainer.device", 1,
+                  {"CPU": cfg.trainer_num_cpus, **({"GPU": 1.0} if cfg.trainer.device == "cuda" else {})})
+    check_fits([trainer, engine_ask(cfg.engine, gpus)])
+
+
+class TaskLedger:
+    """The training tasks: task ``i`` is seed ``env.seed_start + i`` in group ``task<i>``, one group per task.
+
+    Tracks the tasks the manager opened and the trainer has not trained yet. A checkpoint stores them
+    (:meth:`state`); a run resumed from it replays them first, then continues with new tasks, so across a crash no
+    task is skipped and none is trained twice (the steps after the checkpoint are rolled back with the trainer)."""
+
+    def __init__(self, env: EnvConfig, next_task: int = 0, replay: list[int] | None = None):
+        self.env = env
+        self.next_task = int(next_task)
+        self._replay = collections.deque(sorted(int(i) for i in replay or ()))
+        self.open: set[int] = set()
+
+    def next_spec(self) -> EpisodeSpec:
+        """The manager's task source: replayed tasks first, then new ones."""
+        if self._replay:
+            i = self._replay.popleft()
+        else:
+            i, self.next_task = self.next_task, self.next_task + 1
+        self.open.add(i)
+        return EpisodeSpec(self.env.id, env_kwargs=dict(self.env.kwargs), seed=self.env.seed_start + i,
+                           group_id=f"task{i}")
+
+    def trained(self, groups: list[Group]) -> list[int]:
+        """Marks the tasks of ``groups`` trained; returns their indices."""
+        ids = [int(g.id[len("task"):]) for g in groups]
+        self.open.difference_update(ids)
+        return ids
+
+    def state(self) -> dict[str, Any]:
+        """``next_task`` and ``open_tasks`` (opened, not trained, including those still waiting to be replayed)."""
+        return {"next_task": self.next_task, "open_tasks": sorted(self.open | set(self._replay))}
+
+
 class _IdleMeter:
     """Samples, every ``period`` seconds, whether the producer has no episode running (rollout idle)."""
 
@@ -334,10 +273,10 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from agentrl.inference.config import make_engine
-    from agentrl.manager import EnvManager
     from agentrl.rollout import AgentLoopPolicy
     from agentrl.trainer.actor import create_trainer_actor
 
+    cfg.validate()  # a config built in Python skipped the loader's checks (and the derived trainer temperature)
     t_start = time.perf_counter()
     files = RunFiles(cfg.run_dir)
     files.root.mkdir(parents=True, exist_ok=True)
@@ -347,6 +286,11 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
     if not resume and files.metrics.exists():
         raise ConfigError(f"{files.root}: run directory already has metrics.jsonl; use --resume or another run_dir")
     _atomic_write(files.root / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus if cfg.ray_address is None else None,
+                 include_dashboard=False, log_to_driver=False)
+    check_resources(cfg)  # before any model loads
 
     model_dir = Path(EngineConfig(model=cfg.engine.model).resolved_model())
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -360,18 +304,18 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
                      cfg.warm_start.episodes, cfg.warm_start.noise, cfg.warm_start.steps)
             start_model = await warm_start(cfg, model_dir, ws_dir, tokenizer)
 
-    if not ray.is_initialized():
-        ray.init(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus if cfg.ray_address is None else None,
-                 include_dashboard=False, log_to_driver=False)
     trainer = create_trainer_actor(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
                                    num_gpus=1 if cfg.trainer.device == "cuda" else 0)
-    step0, next_task, history = 0, 0, {}
+    step0, history = 0, {}
+    tasks = TaskLedger(cfg.env)
     if latest is not None:
         step0, ckpt_dir, state = latest
         await trainer.load_checkpoint.remote(str(ckpt_dir))
-        next_task, history = int(state["next_task"]), state.get("history", {})
+        tasks = TaskLedger(cfg.env, int(state["next_task"]), state.get("open_tasks", []))
+        history = state.get("history", {})
         files.truncate_metrics(step0)
-        log.info("resumed from %s (step %d)", ckpt_dir, step0)
+        log.info("resumed from %s (step %d; replaying %d tasks that were in flight)", ckpt_dir, step0,
+                 len(state.get("open_tasks", [])))
 
     engine = make_engine(dataclasses.replace(cfg.engine, model=str(start_model)))
     writer = None
@@ -386,18 +330,8 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
             history["eval_before"] = await evaluate(engine, tokenizer, cfg, cfg.eval.episodes)
             log.info("held-out reward before RL: %.3f", history["eval_before"]["reward"])
 
-        mcfg = dataclasses.replace(cfg.manager, async_ratio=cfg.async_ratio)
         policy = AgentLoopPolicy(engine, tokenizer, cfg.rollout)
-        task_counter = [next_task]
-
-        def next_spec() -> EpisodeSpec:
-            i = task_counter[0]
-            task_counter[0] += 1
-            return EpisodeSpec(cfg.env.id, env_kwargs=dict(cfg.env.kwargs), seed=cfg.env.seed_start + i,
-                               group_id=f"task{i}")
-
-        summary = await _loop(cfg, files, trainer, engine, policy, mcfg, next_spec, task_counter, step0, history,
-                              writer, tokenizer)
+        summary = await _loop(cfg, files, trainer, engine, policy, tasks, step0, history, writer, tokenizer)
         summary["wall_s"] = time.perf_counter() - t_start
         _atomic_write(files.root / "summary.json", json.dumps(summary, indent=2))
         return summary
@@ -408,37 +342,32 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
         ray.kill(trainer)
 
 
-async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, policy: Any, mcfg: ManagerConfig,
-                next_spec: Any, task_counter: list[int], step0: int, history: dict[str, Any], writer: Any,
-                tokenizer: Any) -> dict[str, Any]:
+async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, policy: Any, tasks: TaskLedger,
+                step0: int, history: dict[str, Any], writer: Any, tokenizer: Any) -> dict[str, Any]:
+    """Steps ``step0 .. cfg.steps - 1``: takes each step's batch from the manager (due groups first, so no token is
+    more than ``async_ratio`` versions old), trains, syncs weights, moves the manager's version, logs, checkpoints."""
     from agentrl.manager import EnvManager
 
     num_groups = cfg.manager.num_groups
+    mcfg = dataclasses.replace(cfg.manager, async_ratio=cfg.async_ratio)
     bar = None
     if cfg.progress:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, initial=step0, desc="train", unit="step", dynamic_ncols=True)
+    tlog = TrajectoryLog(files.root, cfg.trajectory_log).open(step0)
     async with EnvManager(mcfg, policy) as mgr:
-        mgr.set_version(step0)
-        mgr.start(next_spec)
+        mgr.restore(version=step0, accepted=step0 * mgr.batch_size)  # what the trainer consumed before a resume
+        mgr.start(tasks.next_spec)
         idle = _IdleMeter(mgr)
         idle.start()
-        dropped_queued = 0
         try:
             for step in range(step0, cfg.steps):
                 t0 = time.perf_counter()
-                groups: list[Group] = []
-                while len(groups) < num_groups:
-                    g = await mgr.next_group()
-                    if g is None:
-                        raise RuntimeError("the manager stopped producing groups")
-                    oldest = min((t.version_range() or (step, step))[0] for t in g.trajectories)
-                    if step - oldest > cfg.async_ratio:  # queued too long: would break the staleness bound
-                        dropped_queued += 1
-                        mgr.discard(len(g.trajectories))
-                        continue
-                    groups.append(g)
+                groups = await mgr.next_batch(num_groups)
+                if not groups or len(groups) < num_groups:
+                    raise RuntimeError(f"the manager stopped producing groups (got {len(groups or [])} of {num_groups})")
+                trained_tasks = tasks.trained(groups)
                 t_got = time.perf_counter()
                 metrics = await trainer.train_step.remote(groups)
                 t_trained = time.perf_counter()
@@ -452,8 +381,9 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                 row: dict[str, Any] = {"step": version}
                 row.update(_flatten(metrics, "train/"))
                 man = mgr.metrics()
-                row.update(_flatten({k: man[k] for k in ("running", "finished", "cancelled", "failed", "dropped_stale",
-                                                          "rescheduled", "env_steps", "step_p50_s", "step_p99_s")
+                row.update(_flatten({k: man[k] for k in ("running", "started", "finished", "cancelled", "failed",
+                                                          "dropped_stale", "rescheduled", "failed_groups", "env_steps",
+                                                          "step_p50_s", "step_p99_s")
                                      if man.get(k) is not None}, "manager/"))
                 gen_tokens = sum(t.num_generated for t in trajs)
                 row.update({
@@ -467,16 +397,17 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                     "time/trainer_idle_frac": (t_got - t0 + t_end - t_trained) / step_s,
                     "time/rollout_idle_frac": idle.take(),
                     "throughput/gen_tokens_per_s": gen_tokens / step_s,
-                    "dropped_queued_groups": float(dropped_queued),
                     "wall_s": time.time(),
+                    "tasks": trained_tasks,  # the ledger: every task is trained at exactly one step
                 })
                 row.update(_flatten(tool_metrics(trajs), "tool/"))
                 if cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.steps:
                     row.update(_flatten(await evaluate(engine, tokenizer, cfg, cfg.eval.episodes), "eval/"))
+                await tlog.write_step(version, trajs, trainer if cfg.trainer.record_logprobs else None)
                 files.append_metrics(row)
                 if writer is not None:
                     for k, v in row.items():
-                        if k not in ("step", "wall_s"):
+                        if k not in ("step", "wall_s") and isinstance(v, float):
                             writer.add_scalar(k, v, version)
                     writer.flush()
                 if bar is not None:
@@ -486,9 +417,10 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                     d = files.checkpoint_dir(version)
                     await trainer.save_checkpoint.remote(str(d))
                     _atomic_write(d.with_suffix(".json"), json.dumps(
-                        {"step": version, "next_task": task_counter[0], "history": history}))
+                        {"step": version, **tasks.state(), "history": history}))
         finally:
             await idle.stop()
+            tlog.close()
             if bar is not None:
                 bar.close()
             await mgr.stop()

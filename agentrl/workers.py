@@ -18,10 +18,14 @@ The driver talks to hosts through one interface, :class:`EnvWorker`:
   Replies come back as soon as each env call finishes: nothing waits for a batch.
 
 A worker that dies (``ray.exceptions.RayActorError``) fails every call in flight with :class:`WorkerDied`; the
-manager reschedules those episodes on live workers.
+manager reschedules those episodes on live workers. A worker that stops answering without dying (an env blocking
+its event loop, a stopped process) is treated the same way: a heartbeat (``health`` every
+``heartbeat_interval_s``) that gets no reply within ``heartbeat_timeout_s`` kills the actor and fails its calls
+with :class:`WorkerDied`, as does a worker whose sync pool holds too many hung calls.
 
-Sync-only envs run in the bounded thread pool of :func:`agentrl.core.run_sync` inside the host's process; a
-timed-out sync call cannot be killed (Python threads cannot be), so its thread finishes in the background.
+Sync-only envs run in the thread pool of :func:`agentrl.core.run_sync` (:mod:`agentrl.syncpool`) inside the host's
+process: a timed-out sync call cannot be killed (Python threads cannot be), so it is abandoned on its daemon thread,
+which neither holds a pool slot nor blocks process exit.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from agentrl.core import Message, MessagesSpace, as_messages, run_sync, set_sync_env_threads
+from agentrl.core import Message, MessagesSpace, as_messages, run_sync, set_sync_env_threads, sync_pool_stats
 
 FAILURE_KINDS = ("make", "exception", "timeout", "protocol", "cancelled")
 """``make``: the env could not be created; ``exception``: reset/step raised; ``timeout``: a call exceeded its
@@ -411,6 +415,13 @@ class _RayHostActor:
     async def ping(self) -> str:
         return self.host.name
 
+    async def pid(self) -> int:
+        return os.getpid()
+
+    async def health(self) -> dict[str, int]:
+        """Answered on the event loop: no answer means the loop is blocked (or the process stopped)."""
+        return sync_pool_stats()
+
     async def submit(self, batch: list[tuple[int, str, tuple]]) -> None:
         for rid, op, args in batch:
             t = asyncio.ensure_future(self._run(rid, op, args))
@@ -442,14 +453,28 @@ class _RayHostActor:
 
 
 class RayWorker(EnvWorker):
-    """Hosts envs in a Ray async actor; requests are multiplexed (see the module docstring)."""
+    """Hosts envs in a Ray async actor; requests are multiplexed (see the module docstring).
+
+    ``heartbeat_interval_s`` / ``heartbeat_timeout_s`` (class defaults 5 s / 60 s, or constructor arguments): how
+    often the driver asks the actor for ``health``, and how long it waits for the answer before it declares the
+    worker stuck, kills it and fails its calls with :class:`WorkerDied`. ``death_cause`` says why a worker died.
+    """
 
     _ids = itertools.count()
+    heartbeat_interval_s: float = 5.0
+    heartbeat_timeout_s: float = 60.0
+    death_cause: str = ""
 
     def __init__(self, name: str, imports: list[str] | tuple[str, ...] = (), sync_threads: int = 32,
                  num_cpus: float = 0.0, rpc_grace_s: float = 10.0, actor_options: dict[str, Any] | None = None,
-                 batch_window_s: float = 0.0):
+                 batch_window_s: float = 0.0, heartbeat_interval_s: float | None = None,
+                 heartbeat_timeout_s: float | None = None):
         self.name = name
+        if heartbeat_interval_s is not None:
+            self.heartbeat_interval_s = heartbeat_interval_s
+        if heartbeat_timeout_s is not None:
+            self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._heartbeat: asyncio.Task | None = None
         self._imports, self._sync_threads = list(imports), sync_threads
         self._num_cpus, self._grace = num_cpus, rpc_grace_s
         # Requests made within this window go in one submit, replies finishing within it come back in one poll:
@@ -471,6 +496,31 @@ class RayWorker(EnvWorker):
         self.actor = cls.options(**opts).remote(self.name, self._imports, self._sync_threads)
         await self.actor.ping.remote()
         self._poller = asyncio.ensure_future(self._poll_loop())
+        self._heartbeat = asyncio.ensure_future(self._heartbeat_loop())
+
+    async def _heartbeat_loop(self) -> None:
+        import ray
+
+        while self.alive:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            if not self.alive:
+                return
+            try:
+                health = await asyncio.wait_for(self.actor.health.remote(), self.heartbeat_timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except asyncio.TimeoutError:
+                self._die(f"no heartbeat for {self.heartbeat_timeout_s:g} s (the worker is stuck)", kill=True)
+                return
+            except ray.exceptions.RayActorError as e:
+                self._die(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                return
+            except Exception as e:  # the link is unusable
+                self._die(f"heartbeat failed: {e!r}", kill=True)
+                return
+            if isinstance(health, dict) and health.get("hung", 0) >= max(1, health.get("size", 1)) * 4:
+                self._die(f"heartbeat: {health['hung']} sync env calls are hung in the worker", kill=True)
+                return
 
     async def _poll_loop(self) -> None:
         import ray
@@ -491,10 +541,21 @@ class RayWorker(EnvWorker):
                 if fut is not None and not fut.done():
                     fut.set_result(reply)
 
-    def _die(self, cause: str) -> None:
+    def _die(self, cause: str, kill: bool = False) -> None:
         if not self.alive:
             return
         self.alive = False
+        self.death_cause = cause
+        if kill:  # a stuck actor holds its resources (and hung threads) until killed
+            import ray
+
+            try:
+                ray.kill(self.actor, no_restart=True)
+            except Exception:
+                pass
+        for task in (self._poller, self._heartbeat):
+            if task is not None and task is not asyncio.current_task() and not task.done():
+                task.cancel()
         futs, self._futs = self._futs, {}
         for fut in futs.values():
             if not fut.done():
@@ -557,8 +618,9 @@ class RayWorker(EnvWorker):
             except Exception:
                 pass
         self.alive = False
-        if self._poller is not None:
-            self._poller.cancel()
+        for task in (self._poller, self._heartbeat):
+            if task is not None:
+                task.cancel()
         try:
             ray.kill(self.actor, no_restart=True)
         except Exception:

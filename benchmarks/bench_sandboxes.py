@@ -3,10 +3,11 @@
     .venv/bin/python benchmarks/bench_sandboxes.py [--backends docker,bwrap] [--latency-iters 30] [--alive 64,256]
 
 Latency: sequential create -> exec("true") -> destroy of one sandbox (busybox image), p50/p99 of each phase and of
-the whole. Alive: N tasks each acquire a sandbox from a SandboxPool (max_alive=N) and start ``sleep`` in it; once all
-N commands run, we record creations per second (N / time until all were up), memory per sandbox (the mean of the
-sandboxes' cgroup memory; for docker plus the PSS of its containerd shim and the growth of dockerd/containerd),
-then release everything and check that no container, state dir or cgroup of the run is left. Prints a JSON summary.
+the whole; then ``--warm-execs`` execs of ``true`` in one sandbox (exec_warm: the per-command cost of an episode).
+Alive: N tasks each acquire a sandbox from a SandboxPool (max_alive=N) and start ``sleep`` in it; once all N run,
+we record creations per second (N / time until all were up), memory per sandbox (the mean of the sandboxes' cgroup
+memory; for docker plus the PSS of its containerd shim and the growth of dockerd/containerd), then release
+everything and check that no container, state dir or cgroup of the run is left. Prints a JSON summary.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def sandbox_memory(sb) -> int | None:
     return sb.memory_bytes()
 
 
-async def bench_latency(backend: str, iters: int, run: str) -> dict:
+async def bench_latency(backend: str, iters: int, run: str, warm_execs: int = 30) -> dict:
     spec = SandboxSpec(backend=backend, image=IMAGE, ttl_s=600)
     create, execs, destroy, total = [], [], [], []
     for i in range(iters + 1):
@@ -109,9 +110,18 @@ async def bench_latency(backend: str, iters: int, run: str) -> dict:
         execs.append(t2 - t1)
         destroy.append(t3 - t2)
         total.append(t3 - t0)
+    warm = []
+    async with create_sandbox(spec, run=run) as sb:
+        for i in range(warm_execs + 1):
+            t0 = time.perf_counter()
+            res = await sb.exec("true", timeout=30)
+            if i:
+                warm.append(time.perf_counter() - t0)
+            assert res.ok, res
     ms = lambda xs, q: round(1000 * pct(xs, q), 1)  # noqa: E731
     return {
         "iters": iters,
+        "exec_warm_ms": {"p50": ms(warm, 0.5), "p99": ms(warm, 0.99)},
         "create_ms": {"p50": ms(create, 0.5), "p99": ms(create, 0.99)},
         "exec_ms": {"p50": ms(execs, 0.5), "p99": ms(execs, 0.99)},
         "destroy_ms": {"p50": ms(destroy, 0.5), "p99": ms(destroy, 0.99)},
@@ -190,12 +200,13 @@ async def main() -> None:
     ap.add_argument("--latency-iters", type=int, default=30)
     ap.add_argument("--alive", default="64,256")
     ap.add_argument("--create-rate", type=float, default=100.0)
+    ap.add_argument("--warm-execs", type=int, default=30)
     args = ap.parse_args()
     run = f"bench-{secrets.token_hex(3)}"
     out: dict = {"run": run, "cpus": os.cpu_count(), "image": IMAGE, "backends": {}}
     try:
         for backend in args.backends.split(","):
-            res: dict = {"latency": await bench_latency(backend, args.latency_iters, run)}
+            res: dict = {"latency": await bench_latency(backend, args.latency_iters, run, args.warm_execs)}
             print(backend, "latency", json.dumps(res["latency"]), file=sys.stderr, flush=True)
             for n in [int(x) for x in args.alive.split(",") if x]:
                 res[f"alive_{n}"] = await bench_alive(backend, n, run, args.create_rate)

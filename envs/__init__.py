@@ -8,13 +8,17 @@ agentrl/GuessNumber-v0   agentrl.envs.guess_number:GuessNumberEnv     none (gues
 agentrl/Arithmetic-v0    agentrl.envs.arithmetic:ArithmeticEnv        none (single turn)
 agentrl/ToolUse-v0       agentrl.envs.tool_use:ToolUseEnv             8
 agentrl/ToolLookup-v0    agentrl.envs.tool_lookup:ToolLookupEnv       5
+agentrl/SWE-v0           agentrl.envs.swe.env:SWEEnv                  none (env bounds)
+agentrl/BFCL-*-v0        agentrl.envs.bfcl (17 categories)            1 (single turn) / none
 ======================== ============================================ ==================
 
-Every built-in env class has a scripted solver, ``Class.solve(conversation) -> action`` (also a module-level
-``solve``): a deterministic policy that plays from the text observations alone, for tests, demos and warm-start
-demonstrations. :func:`solver_for` finds it from an id, :func:`scripted_policy` wraps it as an
-``agentrl.policy.ScriptedPolicy``. An env class may also have ``Class.mistake(conversation, rng) -> action``: a
-plausible wrong action for the same state (for noisy warm-start demonstrations; :func:`mistakes_for`).
+Every procedurally generated built-in env class has a scripted solver, ``Class.solve(conversation) -> action``
+(also a module-level ``solve``): a deterministic policy that plays from the text observations alone, for tests,
+demos and warm-start demonstrations. :func:`solver_for` finds it from an id, :func:`scripted_policy` wraps it as
+an ``agentrl.policy.ScriptedPolicy``. Benchmark envs whose answers the conversation does not reveal (BFCL, SWE)
+have instead an instance method ``solve`` for the current episode and an ``oracle_policy()`` that finds the task
+from ``meta.task``. An env class may also have ``Class.mistake(conversation, rng) -> action``: a plausible wrong
+action for the same state (for noisy warm-start demonstrations; :func:`mistakes_for`).
 
 This module is imported by ``import agentrl``: it must stay light (the env modules are imported lazily by
 ``agentrl.make``).
@@ -23,10 +27,12 @@ This module is imported by ``import agentrl``: it must stay light (the env modul
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Callable
 
 import gymnasium
 
+from agentrl.envs.bfcl.categories import registrations as bfcl_registrations
 from agentrl.registration import register, spec
 
 BUILTINS: dict[str, dict[str, Any]] = {
@@ -58,16 +64,8 @@ BUILTINS: dict[str, dict[str, Any]] = {
         "entry_point": "agentrl.envs.swe.env:SWEEnv",
         "description": "SWE-bench-style bug fixing in a docker/bwrap sandbox (offline suite of 13 repositories).",
     },
-    **{
-        f"agentrl/BFCL-{c.replace('_', '-')}-v0": {
-            "entry_point": "agentrl.envs.bfcl:BFCLEnv",
-            "kwargs": {"category": c},
-            "max_episode_steps": 1,
-            "description": f"BFCL v4 {c}: function calling, graded by AST match, single turn.",
-        }
-        for c in ("simple", "multiple", "parallel", "parallel_multiple", "live_simple", "live_multiple",
-                  "live_parallel", "live_parallel_multiple", "irrelevance")
-    },
+    # Berkeley Function-Calling Leaderboard: 13 single-turn and 4 multi-turn categories (agentrl.envs.bfcl).
+    **bfcl_registrations(),
 }
 
 
@@ -82,24 +80,23 @@ def _register_builtins() -> None:
 _register_builtins()
 
 
-def _env_class(env_id: str) -> Any:
-    entry_point = spec(env_id).entry_point
-    if isinstance(entry_point, str):
-        module, _, attr = entry_point.partition(":")
-        entry_point = getattr(importlib.import_module(module), attr)
-    return entry_point
-
-
 def solver_for(env_id: str) -> Callable[[list[dict[str, Any]]], str]:
     """Returns the scripted solver ``solve(conversation) -> action`` of the env class registered as ``env_id``.
 
     Raises ``agentrl.RegistrationError`` for an unknown id and ``LookupError`` if the class has no ``solve``.
     """
-    entry_point = _env_class(env_id)
-    solve = getattr(entry_point, "solve", None)
-    if not callable(solve):
-        raise LookupError(f"env {env_id!r} ({entry_point!r}) has no scripted solver (a callable 'solve' attribute)")
-    return solve
+    entry_point = spec(env_id).entry_point
+    if isinstance(entry_point, str):
+        module, _, attr = entry_point.partition(":")
+        entry_point = getattr(importlib.import_module(module), attr)
+    if inspect.isclass(entry_point):  # an instance method needs the episode: not a solver of the conversation
+        ok = isinstance(inspect.getattr_static(entry_point, "solve", None), staticmethod)
+    else:
+        ok = callable(getattr(entry_point, "solve", None))
+    if not ok:
+        raise LookupError(f"env {env_id!r} ({entry_point!r}) has no scripted solver of the conversation alone (a "
+                          "static 'solve' method); use the env's oracle_policy() if it has one")
+    return getattr(entry_point, "solve")
 
 
 def mistakes_for(env_id: str) -> Callable[[list[dict[str, Any]], Any], str]:
@@ -108,7 +105,10 @@ def mistakes_for(env_id: str) -> Callable[[list[dict[str, Any]], Any], str]:
 
     Raises ``agentrl.RegistrationError`` for an unknown id and ``LookupError`` if the class has no ``mistake``.
     """
-    entry_point = _env_class(env_id)
+    entry_point = spec(env_id).entry_point
+    if isinstance(entry_point, str):
+        module, _, attr = entry_point.partition(":")
+        entry_point = getattr(importlib.import_module(module), attr)
     mistake = getattr(entry_point, "mistake", None)
     if not callable(mistake):
         raise LookupError(f"env {env_id!r} ({entry_point!r}) has no scripted mistakes (a callable 'mistake' attribute)")
@@ -123,4 +123,4 @@ def scripted_policy(env_id: str):
     return ScriptedPolicy(lambda conversation, meta: solve(conversation))
 
 
-__all__ = ["BUILTINS", "mistakes_for", "solver_for", "scripted_policy"]
+__all__ = ["BUILTINS", "solver_for", "scripted_policy"]

@@ -10,9 +10,10 @@ Quick use (the SWE-env pattern: a fresh sandbox per episode, a repo in the work 
         res = await sb.exec("python3 -m pytest -q", timeout=60)         # ExecResult
         res.output, res.exit_code, res.timed_out, res.truncated, res.duration
         await sb.write_file("src/x.py", "print(1)\\n")                   # relative paths: under spec.workdir
-        data: bytes = await sb.read_file("src/x.py")
+        data: bytes = await sb.read_file("src/x.py", max_bytes=1 << 20)  # FileTooLarge beyond
         diff = (await sb.exec("git diff", timeout=30)).output
-        await sb.download("/workspace/out", "/host/dir")
+        await sb.download("/workspace/out", "/host/dir")                # streamed, max_bytes=1 GiB
+        await sb.download_file("/workspace/big.bin", "/host/big.bin")   # one file, streamed
 
     pool = SandboxPool(max_alive=64, create_rate=20)                     # bounded, rate-limited, retrying
     async with pool.acquire(spec) as sb: ...                             # reuse=True: warm sandbox, reset on release
@@ -26,38 +27,54 @@ Public API
 - ``create_sandbox(spec, run=None) -> Sandbox`` (not started; use ``async with`` or ``await sb.start()``).
 - ``Sandbox``: ``start()``, ``stop()`` (idempotent), ``exec(cmd, *, timeout=60, cwd=None, env=None,
   output_limit=None) -> ExecResult`` (``cmd``: shell string run by ``sh -c``, or an argv list), ``write_file(path,
-  data, mode=0o644)``, ``read_file(path) -> bytes``, ``upload(local_dir, remote_dir=None)``,
-  ``download(remote_dir, local_dir)``, ``reset()``; attributes ``id``, ``run_id``, ``spec``, ``running``,
-  ``expires_at``.
+  data, mode=0o644)``, ``read_file(path, *, max_bytes=64 MiB) -> bytes``, ``download_file(remote_path, local_path,
+  *, max_bytes=1 GiB) -> int``, ``upload(local_dir, remote_dir=None)``, ``download(remote_dir, local_dir, *,
+  max_bytes=1 GiB)``, ``reset()``; attributes ``id``, ``run_id``, ``spec``, ``running``, ``expires_at``; docker:
+  ``reaper`` ("host-cgroup" or the weaker "in-sandbox"); bwrap: ``limits`` ("cgroup-v1+tmpfs", ...),
+  ``isolation`` ("seccomp+no-userns").
 - ``ExecResult(output: str, exit_code: int, timed_out: bool, truncated: bool, duration: float)``, ``.ok``.
   ``output`` is stdout+stderr interleaved, UTF-8 decoded with replacement; over the cap, head and tail are kept
   around a ``[... N bytes of output truncated ...]`` line. A timed-out command has ``exit_code == 124``.
 - ``SandboxError(message, sandbox_id=, transient=)``: the sandbox is not running (not started, stopped, expired,
   container/process died), or an engine call failed. Never a hang: every call ends within its timeout + grace.
+  ``FileTooLarge(SandboxError)``: a read or download over its ``max_bytes``; ``.path``, ``.size`` (None when
+  unknown, e.g. /dev/zero), ``.max_bytes``; nothing is kept.
 - ``SandboxPool(max_alive=64, create_rate=20.0, create_burst=4, retries=3, backoff_s=0.5, max_warm=8)``:
-  ``acquire(spec, reuse=False)`` (async context manager), ``prewarm(spec, n)``, ``close()``, ``stats``.
+  ``acquire(spec, reuse=False)`` (async context manager), ``prewarm(spec, n)``, ``close()``, ``stats``,
+  ``swept()`` (the orphan sweeps it started, see Lifecycle).
 - ``sweep(run=None, everything=False) -> SweepReport``; ``build_image("base"|"busybox")``; ``rootfs_path(image)``;
   ``run_id()`` (this process's run label, ``$AGENTRL_RUN_ID`` if set); ``docker_available()``,
   ``bwrap_available()``.
 
-Guarantees (each tested against the real backend, both backends)
-- Defaults: no network, memory/CPU/pid limits, read-only root with writable work dir and /tmp, no new privileges,
-  all capabilities dropped, uid 1000 (the images built here have user ``agent``).
-- A timeout is enforced inside the sandbox: the command's whole process tree is killed, ``timed_out`` is set, the
-  sandbox stays usable. Processes a command leaves running in the background are killed when it returns.
-- Lifecycle: a run label and a TTL on every sandbox (docker: the container's main process is ``sleep TTL``, with
-  ``auto_remove``; bwrap: ``--die-with-parent``, so nothing runs once the driver is gone). Normal exit and SIGTERM stop
-  this process's sandboxes at once. ``agentrl sandboxes sweep [--run ID]`` removes leftovers.
+Guarantees (each tested against the real backend, both backends; tests/sandboxes/test_hostile.py plants the escapes)
+- Defaults: no network, memory/CPU/pid limits, read-only root with writable work dir and /tmp (sized tmpfs), no new
+  privileges, all capabilities dropped, uid 1000:1000 whatever the image's USER (``user="0:0"`` asks for root).
+- The host ends commands: each exec runs in a group the sandbox user cannot leave (docker: a cgroup of its own under
+  the container's; bwrap: a PID namespace of its own). When the command returns, or its timeout passes on the
+  driver's clock, the whole group is killed: ``setsid``/``env -i`` children and killing the wrapper escape nothing.
+  ``timed_out`` is set, the sandbox stays usable.
+- Lifecycle: a run label and a TTL on every sandbox (docker: the container's main process is ``sleep TTL``, run as a
+  uid no command has, with ``auto_remove``; bwrap: ``--die-with-parent``, so nothing runs once the driver is gone).
+  Normal exit and SIGTERM stop this process's sandboxes at once. What a SIGKILLed driver leaves (containers, bwrap
+  state dirs, tmpfs mounts, cgroups) is swept when a pool starts, when a sandbox finds itself expired, and at most
+  every 5 minutes as sandboxes are created; ``agentrl sandboxes sweep [--run ID]`` does it by hand.
+- Warm reuse (``reset``) kills the previous episode's processes and empties the work dir, /tmp, /dev/shm,
+  /dev/mqueue and SysV IPC (docker; bwrap has a fresh /dev and IPC namespace per exec).
+- bwrap: seccomp filter, no nested user namespaces, bwrap's options (env values included) passed through a file
+  descriptor, an empty environment for its init (no host PATH or driver cwd in the sandbox's /proc/1/environ).
 
 Backends: ``docker`` (docker-py, ``DOCKER_HOST`` honoured; images from ``agentrl sandboxes build-image``) and
 ``bwrap`` (one bwrap per exec over a persistent work dir, a per-sandbox cgroup for limits; it runs on the rootfs
 cached by ``build-image`` for ``spec.image`` when present, else on the host's /usr). See docker.py and bwrap.py.
+Host-side enforcement (exec cgroups, tmpfs mounts, cgroup limits) needs the driver to run as root on the host that
+runs the sandboxes; elsewhere each backend falls back to weaker means and says so (``reaper``, ``limits``).
 """
 
 from __future__ import annotations
 
 from .base import (
     ExecResult,
+    FileTooLarge,
     Mount,
     OutputCap,
     Sandbox,
@@ -76,6 +93,7 @@ __all__ = [
     "BwrapSandbox",
     "DockerSandbox",
     "ExecResult",
+    "FileTooLarge",
     "Mount",
     "OutputCap",
     "Sandbox",

@@ -1,5 +1,13 @@
-"""Backend-independent parts of the sandboxes: the spec, the exec result, the error, the output cap, the in-sandbox
-exec wrapper that enforces timeouts, and the per-process registry that cleans up on exit and SIGTERM."""
+"""Backend-independent parts of the sandboxes: the spec, the exec result, the errors, the output cap, the exec
+wrappers, and the per-process registry that cleans up on exit and SIGTERM.
+
+Who ends a command: the host. Each backend runs a command under wrappers.EXEC_WRAPPER inside a group the sandbox user
+cannot leave and the host can kill as a whole (docker: a cgroup of its own under the container's, bwrap: a PID
+namespace of its own). When the command returns, or when its timeout passes on the driver's clock, the host kills the
+group: nothing a command started outlives it, whatever it does (``setsid``, ``env -i``, killing the wrapper).
+wrappers.WATCHDOG_WRAPPER is the weaker fallback for a docker engine whose cgroups the driver cannot reach (a remote
+``DOCKER_HOST``, a non-root driver): a watchdog inside the container that the sandbox user could kill.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +15,35 @@ import abc
 import asyncio
 import atexit
 import functools
+import io
 import json
 import os
 import secrets
 import shlex
 import signal
 import socket
+import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+from .wrappers import WIPE_SCRIPT
 
 BACKENDS = ("docker", "bwrap")
 LABEL_RUN = "agentrl.run"
 LABEL_SANDBOX = "agentrl.sandbox"
 LABEL_EXPIRES = "agentrl.expires"
 LABEL_DRIVER = "agentrl.driver"  # "<hostname>:<pid>" of the process that created it
+DEFAULT_USER = (1000, 1000)
+# The uid of the docker TTL process (the container's main process): no sandbox user may have it, so no command can
+# signal or trace the dead-man timer (signals need the same uid or CAP_KILL, and every capability is dropped).
+TTL_UID = 2_100_000_000
+DEFAULT_READ_MAX = 64 << 20  # read_file: bytes held in the driver's memory
+DEFAULT_DOWNLOAD_MAX = 1 << 30  # download / download_file: bytes streamed to the host's disk
+PLAIN_TIMEOUT_S = 600.0  # file transfers
 
 
 class SandboxError(RuntimeError):
@@ -36,6 +55,16 @@ class SandboxError(RuntimeError):
         self.sandbox_id = sandbox_id
         # True when retrying the same call may succeed (engine busy, rate limit): the pool retries these.
         self.transient = transient
+
+
+class FileTooLarge(SandboxError):
+    """A read or download would pass its ``max_bytes``: nothing was kept (no partial file on the host). ``path`` is
+    the sandbox path, ``size`` its size in bytes when known (None for a stream such as /dev/zero)."""
+
+    def __init__(self, what: str, path: str, size: int | None, max_bytes: int, hint: str, *, sandbox_id: str = ""):
+        have = f"{size} bytes" if size is not None else f"more than {max_bytes} bytes"
+        super().__init__(f"{what}: {path} is {have}, over max_bytes={max_bytes}; {hint}", sandbox_id=sandbox_id)
+        self.path, self.size, self.max_bytes = path, size, max_bytes
 
 
 @dataclass(frozen=True)
@@ -56,8 +85,12 @@ class SandboxSpec:
     image: docker image; for bwrap the cached rootfs built for that image name is used as root when it exists
         (``agentrl sandboxes build-image``), otherwise the host's /usr, /bin, /lib*, /etc are bound read-only.
     root: bwrap only: explicit root filesystem directory (overrides ``image``).
-    user: "uid[:gid]" to run commands as; None means the image's user (docker) or 1000:1000 (bwrap).
-    ttl_s: dead-man timer: the sandbox ends itself this long after start even if the driver is gone.
+    user: "uid[:gid]" to run commands as; None means 1000:1000 on both backends, whatever the image's USER (images
+        such as SWE-bench's say ``USER root``); "0:0" asks for root (still without capabilities).
+    ttl_s: dead-man timer: the sandbox ends this long after start even if the driver is gone, and nothing inside can
+        stop it (docker: a process of a uid no command has; bwrap: nothing runs between execs, and expired state is
+        swept when a pool starts or a sandbox finds itself expired).
+    workdir_size_mb / tmp_size_mb: sizes of the work dir and /tmp (tmpfs; their pages count against memory_mb).
     output_limit: bytes of output kept per exec (head and tail halves).
     """
 
@@ -97,6 +130,8 @@ class SandboxSpec:
             raise ValueError(f"SandboxSpec.ttl_s must be > 0, got {self.ttl_s!r}")
         if self.user is not None and not all(p.isdigit() for p in self.user.split(":")):
             raise ValueError(f"SandboxSpec.user must be 'uid' or 'uid:gid' (numbers), got {self.user!r}")
+        if self.user is not None and TTL_UID in self.uid_gid():
+            raise ValueError(f"SandboxSpec.user must not use id {TTL_UID} (reserved for the TTL process), got {self.user!r}")
         for m in self.mounts:
             if not isinstance(m, Mount) or not m.target.startswith("/"):
                 raise ValueError(f"SandboxSpec.mounts entries must be Mount with an absolute target, got {m!r}")
@@ -107,7 +142,8 @@ class SandboxSpec:
         d["mounts"] = [asdict(m) if not isinstance(m, dict) else m for m in self.mounts]
         return json.dumps(d, sort_keys=True, default=str)
 
-    def uid_gid(self, default: tuple[int, int] = (1000, 1000)) -> tuple[int, int]:
+    def uid_gid(self, default: tuple[int, int] = DEFAULT_USER) -> tuple[int, int]:
+        """(uid, gid) that commands run as."""
         if self.user is None:
             return default
         uid, _, gid = self.user.partition(":")
@@ -174,63 +210,41 @@ class OutputCap:
         )
 
 
-# The exec wrapper, a POSIX sh script run inside the sandbox (dash and busybox ash both run it) as
-#   sh -c WRAPPER sh MARKER TIMEOUT_S COMMAND
-# The wrapper starts a new session (setsid) whose leader first forks a watchdog, waits until the watchdog's timer
-# runs (a USR1 handshake, spinning on builtins), and only then execs the command: so the watchdog needs no new process
-# to act even when a fork bomb holds every pid the sandbox may have. When the time is up the watchdog reports
-# "agentrl:timeout" on fd 3 (the exec's stderr, a channel apart from the output) and SIGKILLs its whole process group,
-# i.e. the command's tree, with the `kill` builtin. When the command returns (or was killed), the wrapper kills what
-# is left of the group, then every process still carrying AGENTRL_EXEC_ID=MARKER in its environment (children that
-# called setsid themselves), so nothing the command started outlives it, and reports "agentrl:done".
-EXEC_WRAPPER = r"""
-m=$1; t=$2; c=$3
-exec 3>&2
-inner='
-trap "ready=1" USR1
-(
-    trap - USR1
-    sleep "$1" </dev/null >/dev/null 2>&1 3>&- &
-    kill -USR1 $$
-    wait $!
-    echo agentrl:timeout >&3
-    kill -KILL 0
-) </dev/null >/dev/null 2>&1 &
-n=0
-while [ -z "$ready" ] && [ $n -lt 200000 ]; do n=$((n + 1)); done
-trap - USR1
-exec sh -c "$2" 3>&-
-'
-AGENTRL_EXEC_ID=$m setsid sh -c "$inner" sh "$t" "$c" </dev/null 2>&1 &
-pid=$!
-wait "$pid"; rc=$?
-kill -KILL -"$pid" 2>/dev/null
-i=0
-while [ $i -lt 30 ]; do
-    left=
-    for f in $(grep -lszF "AGENTRL_EXEC_ID=$m" /proc/[0-9]*/environ 2>/dev/null); do
-        f=${f#/proc/}; left="$left ${f%/environ}"
-    done
-    [ -n "$left" ] || break
-    kill -STOP $left 2>/dev/null; kill -KILL $left 2>/dev/null
-    i=$((i + 1))
-done
-echo agentrl:done >&3
-exit $rc
-"""
+class ByteSink:
+    """Where a read's bytes go: memory (``path`` None) or a host file, at most ``max_bytes`` (None: no bound).
+    ``feed`` raises :class:`FileTooLarge`'s cause, ``Overflow``, once the bound is passed; nothing past it is kept."""
 
-TIMEOUT_EXIT = 124
-STATUS_TIMEOUT = b"agentrl:timeout"
-STATUS_DONE = b"agentrl:done"
+    class Overflow(Exception):
+        pass
 
+    def __init__(self, max_bytes: int | None, path: Path | None = None):
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):
+            raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
+        self.max_bytes = max_bytes
+        self.total = 0
+        self.buf = bytearray()
+        self.path = path
+        self._file = open(path, "wb") if path is not None else None
 
-def wrap_command(cmd: str | Sequence[str], timeout: float, marker: str) -> list[str]:
-    """The argv that runs ``cmd`` (a shell string, or an argv list that gets shell-quoted) under the wrapper."""
-    if not isinstance(cmd, str):
-        cmd = shlex.join([str(c) for c in cmd])
-    if not (timeout > 0):
-        raise ValueError(f"exec timeout must be > 0 seconds, got {timeout!r}")
-    return ["sh", "-c", EXEC_WRAPPER, "sh", marker, f"{float(timeout):.3f}", cmd]
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        if self.max_bytes is not None and self.total > self.max_bytes:
+            raise ByteSink.Overflow()
+        if self._file is not None:
+            self._file.write(data)
+        else:
+            self.buf += data
+
+    def close(self, keep: bool) -> None:
+        """Closes the host file; removes it unless ``keep``."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            if not keep and self.path is not None:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
 
 
 def new_marker() -> str:
@@ -309,32 +323,132 @@ class Sandbox(abc.ABC):
         env: Mapping[str, str] | None = None,
         output_limit: int | None = None,
     ) -> ExecResult:
-        """Run ``cmd`` (shell string or argv) in ``cwd`` (default: the work dir). The timeout is enforced inside
-        the sandbox and kills the command's whole process tree; processes the command leaves behind are killed
-        when it returns. Returns ExecResult; raises SandboxError if the sandbox is dead."""
+        """Run ``cmd`` (shell string or argv) in ``cwd`` (default: the work dir) as the spec's user. When it returns,
+        or ``timeout`` seconds after it started, the host kills its whole process tree (see the module docstring).
+        Returns ExecResult; raises SandboxError if the sandbox is dead."""
 
     @abc.abstractmethod
+    async def _plain(
+        self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,
+        timeout: float = PLAIN_TIMEOUT_S,
+    ) -> tuple[int, bytes]:
+        """Run one of our own shell commands (file transfer) with raw stdin and stdout: stdout goes to ``sink``.
+        Returns (exit code, stderr). Its tree is killed like an exec's; what ``sink`` raises propagates after that.
+        Raises SandboxError if the sandbox is dead or the command outlives ``timeout``."""
+
+    async def _checked(self, cmd: str, what: str, **kw: Any) -> None:
+        code, err = await self._plain(cmd, **kw)
+        if code != 0:
+            text = err.decode("utf-8", errors="replace").strip()
+            raise SandboxError(f"{what} failed (exit {code}): {text[-2000:]}", sandbox_id=self.id)
+
     async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
         """Write ``data`` to ``path`` (relative paths are under the work dir), creating parent directories."""
+        self._check_alive()
+        if isinstance(data, str):
+            data = data.encode()
+        q = shlex.quote(self._abs(path))
+        await self._checked(f'mkdir -p "$(dirname {q})" && cat > {q} && chmod {mode:o} {q}', f"write_file({path!r})",
+                            stdin=data)
 
-    @abc.abstractmethod
-    async def read_file(self, path: str) -> bytes:
-        """Return the bytes of ``path``; SandboxError if it does not exist or cannot be read."""
+    async def read_file(self, path: str, *, max_bytes: int = DEFAULT_READ_MAX) -> bytes:
+        """Return the bytes of ``path``. Raises :class:`FileTooLarge` (naming the path and its size) when it holds
+        more than ``max_bytes`` (use :meth:`download_file` for big files), SandboxError if it cannot be read."""
+        self._check_alive()
+        full = self._abs(path)
+        sink = ByteSink(max_bytes)
+        try:
+            code, err = await self._plain(f"exec head -c {max_bytes + 1} -- {shlex.quote(full)}", sink=sink.feed)
+        except ByteSink.Overflow:
+            raise FileTooLarge("read_file", full, await self._size(full), max_bytes, sandbox_id=self.id,
+                               hint="read a part with exec('head -c N FILE'), or stream it to the host with "
+                               "download_file(path, local_path)") from None
+        if code != 0:
+            text = err.decode("utf-8", errors="replace").strip()
+            raise SandboxError(f"read_file({path!r}) failed (exit {code}): {text[-2000:]}", sandbox_id=self.id)
+        return bytes(sink.buf)
 
-    @abc.abstractmethod
+    async def download_file(self, remote_path: str, local_path: str | os.PathLike, *,
+                            max_bytes: int | None = DEFAULT_DOWNLOAD_MAX) -> int:
+        """Stream sandbox file ``remote_path`` into host file ``local_path`` (memory stays flat); returns its size.
+        Over ``max_bytes`` (None: no bound) raises :class:`FileTooLarge` and leaves no file behind."""
+        self._check_alive()
+        full = self._abs(remote_path)
+        dest = Path(local_path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        sink = ByteSink(max_bytes, dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.part"))
+        ok = False
+        try:
+            code, err = await self._plain(f"exec cat -- {shlex.quote(full)}", sink=sink.feed)
+            if code != 0:
+                text = err.decode("utf-8", errors="replace").strip()
+                raise SandboxError(f"download_file({remote_path!r}) failed (exit {code}): {text[-2000:]}",
+                                   sandbox_id=self.id)
+            ok = True
+        except ByteSink.Overflow:
+            raise FileTooLarge("download_file", full, await self._size(full), max_bytes or 0, sandbox_id=self.id,
+                               hint="pass a larger max_bytes (None for no bound)") from None
+        finally:
+            sink.close(keep=ok)
+        os.replace(sink.path, dest)  # type: ignore[arg-type]
+        return sink.total
+
     async def upload(self, local_dir: str | os.PathLike, remote_dir: str | None = None) -> None:
         """Copy the contents of host directory ``local_dir`` into ``remote_dir`` (default: the work dir)."""
+        self._check_alive()
+        local = Path(local_dir)
+        if not local.is_dir():
+            raise SandboxError(f"upload: {local} is not a directory", sandbox_id=self.id)
+        data = await to_thread(_tar_dir, local)
+        target = self._abs(remote_dir or self.spec.workdir)
+        q = shlex.quote(target)
+        await self._checked(f"mkdir -p {q} && tar -C {q} -xof -", f"upload to {target}", stdin=data)
 
-    @abc.abstractmethod
-    async def download(self, remote_dir: str, local_dir: str | os.PathLike) -> None:
-        """Copy the contents of sandbox directory ``remote_dir`` into host directory ``local_dir``."""
+    async def download(self, remote_dir: str, local_dir: str | os.PathLike, *,
+                       max_bytes: int | None = DEFAULT_DOWNLOAD_MAX) -> None:
+        """Copy the contents of sandbox directory ``remote_dir`` into host directory ``local_dir``, streamed through
+        a temporary tar file on the host. Over ``max_bytes`` of tar (None: no bound) raises :class:`FileTooLarge`
+        and extracts nothing."""
+        self._check_alive()
+        source = self._abs(remote_dir)
+        dest = Path(local_dir)
+        dest.mkdir(parents=True, exist_ok=True)
+        sink = ByteSink(max_bytes, dest.parent / f".{dest.name}.{secrets.token_hex(4)}.tar")
+        try:
+            try:
+                code, err = await self._plain(f"exec tar -C {shlex.quote(source)} -cf - .", sink=sink.feed)
+            except ByteSink.Overflow:
+                raise FileTooLarge("download", source, None, max_bytes or 0, sandbox_id=self.id,
+                                   hint="pass a larger max_bytes (None for no bound), or download less") from None
+            if code != 0:
+                text = err.decode("utf-8", errors="replace").strip()
+                raise SandboxError(f"download of {source} failed (exit {code}): {text[-2000:]}", sandbox_id=self.id)
+            sink.close(keep=True)
+            await to_thread(_untar, sink.path, dest)
+        finally:
+            sink.close(keep=False)
+            if sink.path is not None and sink.path.exists():
+                sink.path.unlink()
+
+    async def _size(self, full: str) -> int | None:
+        """Size in bytes of a regular file, None for anything else (a device, a pipe, a /proc file)."""
+        q = shlex.quote(full)
+        out = ByteSink(4096)
+        try:
+            await self._plain(f"[ -f {q} ] && exec stat -L -c %s -- {q}", sink=out.feed, timeout=60)
+        except (SandboxError, ByteSink.Overflow):
+            return None
+        text = bytes(out.buf).strip()
+        return int(text) if text.isdigit() else None
+
+    def _wipe_dirs(self) -> list[str]:
+        """Directories whose contents a reset removes."""
+        return [self.spec.workdir, "/tmp"]
 
     async def reset(self) -> None:
-        """Make a used sandbox look fresh: kill its processes, empty the work dir and /tmp (for warm reuse)."""
-        res = await self.exec(
-            f"find {shlex.quote(self.spec.workdir)} /tmp -mindepth 1 -maxdepth 1 -exec rm -rf {{}} + ; true",
-            timeout=60,
-        )
+        """Make a used sandbox look fresh: kill its processes, empty the work dir and /tmp (and, per backend, any
+        other place a command could leave state), for warm reuse. SandboxError if anything is left."""
+        res = await self.exec(["sh", "-c", WIPE_SCRIPT, "sh", *self._wipe_dirs()], timeout=120)
         if res.exit_code != 0:
             raise SandboxError(f"reset failed: {res.output[-500:]}", sandbox_id=self.id)
 
@@ -348,6 +462,10 @@ class Sandbox(abc.ABC):
         if self._stopped:
             raise SandboxError("already stopped", sandbox_id=self.id)
         if self.expires_at is not None and time.time() > self.expires_at:
+            # The TTL logic of a live driver: its own expired sandboxes, and other drivers' leftovers, go now.
+            from .sweep import auto_sweep
+
+            auto_sweep(self.backend, force=True)
             raise SandboxError(f"expired (ttl {self.spec.ttl_s:g}s)", sandbox_id=self.id)
 
     def __repr__(self) -> str:
@@ -442,3 +560,20 @@ async def to_thread(fn, *args, **kwargs):
             max_workers=int(os.environ.get("AGENTRL_SANDBOX_THREADS", "256")), thread_name_prefix="agentrl-sandbox"
         )
     return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, functools.partial(fn, *args, **kwargs))
+
+
+def _tar_dir(local: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for child in sorted(local.iterdir()):
+            tar.add(str(child), arcname=child.name)
+    return buf.getvalue()
+
+
+def _untar(tar_path: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tar_path, mode="r") as tar:
+        try:
+            tar.extractall(dest, filter="data")
+        except TypeError:  # Python without extraction filters
+            tar.extractall(dest)

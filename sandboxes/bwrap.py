@@ -3,52 +3,59 @@
 Design: one bwrap process per exec, all execs of a sandbox sharing its state: a host work dir bound at
 ``spec.workdir``, a host dir bound at /tmp, and one cgroup that holds every process of the sandbox. So a sandbox is
 "alive" between execs without any process, and a command's process tree dies with its bwrap (``--unshare-pid``: when
-the namespace's init goes, the kernel kills everything in it; ``--die-with-parent``: when the driver goes, bwrap
-goes). The wrapper of base.py still enforces the timeout inside, with the host killing bwrap as a backstop.
+the namespace's init goes, the kernel kills everything in it; ``--die-with-parent``: when bwrap goes, its sandbox
+goes). The host enforces the timeout: at the deadline it kills bwrap, which takes the whole PID namespace with it;
+nothing inside can stop that.
 
-Isolation per exec: ``--unshare-all`` (no network unless ``spec.network``), ``--new-session``, the root is a tmpfs
-remounted read-only holding read-only binds of the image's rootfs (``agentrl sandboxes build-image``) or the host's
-/usr, /bin, /lib*, /sbin, /etc; a private /proc and /dev; uid/gid 1000 inside; no capabilities; no new privileges.
+Isolation per exec: ``--unshare-all`` with a user namespace in which no further one can be made
+(``--disable-userns``), no network unless ``spec.network``, ``--new-session``, a seccomp filter (seccomp.py), the
+root a tmpfs remounted read-only holding read-only binds of the image's rootfs (``agentrl sandboxes build-image``)
+or the host's /usr, /bin, /lib*, /sbin, /etc; a private /proc and /dev; uid/gid 1000 inside; no capabilities; no
+new privileges. bwrap's options, environment values included, go through a file descriptor (``--args``), so no
+secret shows on a command line (``ps``, or the sandbox's own /proc/1/cmdline), and bwrap starts with an empty
+environment in /, so neither the host's PATH nor the driver's cwd shows in /proc/1/environ.
 
 Limits: when the driver is root and cgroups are writable (v1 or v2), a per-sandbox cgroup caps memory (no swap),
-pids and CPU, and bwrap runs as a distinct unprivileged host uid per sandbox. Otherwise ``prlimit`` sets
-RLIMIT_AS (per process) and RLIMIT_NPROC (per uid, hence the distinct uid) and there is no CPU cap: weaker, and
-reported in ``BwrapSandbox.limits``.
+pids and CPU, bwrap runs as a distinct unprivileged host uid per sandbox, and the work dir and /tmp are tmpfs
+mounts of ``workdir_size_mb`` / ``tmp_size_mb`` (unmounted on stop, and by the sweep after a crash). Otherwise
+``prlimit`` sets RLIMIT_AS (per process) and RLIMIT_NPROC (per uid, hence the distinct uid), there is no CPU cap and
+no disk cap: weaker, and reported in ``BwrapSandbox.limits``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import errno
 import os
 import secrets
 import shutil
-import signal
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+from . import seccomp
 from .base import (
-    STATUS_DONE,
-    STATUS_TIMEOUT,
-    TIMEOUT_EXIT,
+    PLAIN_TIMEOUT_S,
     ExecResult,
     OutputCap,
     Sandbox,
     SandboxError,
     SandboxSpec,
     driver_tag,
-    new_marker,
     install_exit_hooks,
+    new_marker,
     register_live,
     state_root,
     to_thread,
     unregister_live,
-    wrap_command,
 )
+from .wrappers import TIMEOUT_EXIT, check_timeout, command_string, done_code, wrap_command
+from .cgroups import Cgroup, cgroup_mode
 
+# Slack after the command's end or its timeout for bwrap to exit and its pipes to close.
 EXEC_GRACE_S = 10.0
-CGROUP_ROOT = Path(os.environ.get("AGENTRL_CGROUP_ROOT", "/sys/fs/cgroup"))
-V1_CONTROLLERS = ("memory", "pids", "cpu")
 HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 ROOTFS_SKIP = {"proc", "dev", "sys", "tmp", "run", "boot", "media", "mnt", "home", "root", "lost+found"}
 UID_BASE = 300_000
@@ -77,133 +84,85 @@ def bwrap_available() -> tuple[bool, str]:
     return True, v
 
 
-# cgroups ---------------------------------------------------------------------------------------------------------
-_CGROUP_MODE: str | None = None
+# host mounts ----------------------------------------------------------------------------------------------------
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 
 
-def cgroup_mode() -> str:
-    """"v2", "v1" or "none": which cgroup hierarchy this process can create limited groups in.
-    ``$AGENTRL_BWRAP_LIMITS=rlimit`` forces "none"."""
-    global _CGROUP_MODE
-    if _CGROUP_MODE is not None:
-        return _CGROUP_MODE
-    mode = "none"
-    if os.environ.get("AGENTRL_BWRAP_LIMITS", "") != "rlimit" and os.geteuid() == 0:
-        if (CGROUP_ROOT / "cgroup.controllers").exists():
-            try:
-                probe = Cgroup("v2", f"probe-{os.getpid()}-{secrets.token_hex(3)}", "probe")
-                probe.create(64 << 20, 16, 1.0)
-                probe.remove()
-                mode = "v2"
-            except OSError:
-                mode = "none"
-        elif all((CGROUP_ROOT / c / "cgroup.procs").exists() for c in V1_CONTROLLERS):
-            try:
-                probe = Cgroup("v1", f"probe-{os.getpid()}-{secrets.token_hex(3)}", "probe")
-                probe.create(64 << 20, 16, 1.0)
-                probe.remove()
-                mode = "v1"
-            except OSError:
-                mode = "none"
-    _CGROUP_MODE = mode
-    return mode
+def mount_tmpfs(target: Path, size_mb: int, mode: int, uid: int) -> None:
+    """Mount a tmpfs of ``size_mb`` MiB owned by ``uid`` on ``target``. Raises OSError."""
+    opts = f"size={size_mb}m,mode={mode:o},uid={uid},gid={uid}".encode()
+    if _libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount tmpfs on {target}: {os.strerror(e)}")
 
 
-class Cgroup:
-    """One sandbox's cgroup: ``agentrl/<run>/<sandbox>`` in each v1 controller, or in the v2 tree."""
-
-    def __init__(self, mode: str, run: str, name: str):
-        self.mode = mode
-        if mode == "v2":
-            self.dirs = [CGROUP_ROOT / "agentrl" / run / name]
-        else:
-            self.dirs = [CGROUP_ROOT / c / "agentrl" / run / name for c in V1_CONTROLLERS]
-
-    @property
-    def procs_files(self) -> list[str]:
-        return [str(d / "cgroup.procs") for d in self.dirs]
-
-    def create(self, memory_bytes: int, pids: int, cpus: float) -> None:
-        period = 100_000
-        quota = max(1000, int(cpus * period))
-        if self.mode == "v2":
-            d = self.dirs[0]
-            for parent in (CGROUP_ROOT, CGROUP_ROOT / "agentrl", d.parent):
-                parent.mkdir(exist_ok=True)
-                _write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
-            d.mkdir(exist_ok=True)
-            _write(d / "memory.max", str(memory_bytes))
-            _write(d / "memory.swap.max", "0", optional=True)
-            _write(d / "pids.max", str(pids))
-            _write(d / "cpu.max", f"{quota} {period}")
-            return
-        mem, pid, cpu = self.dirs
-        for d in self.dirs:
-            d.mkdir(parents=True, exist_ok=True)
-        _write(mem / "memory.limit_in_bytes", str(memory_bytes))
-        _write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes), optional=True)
-        _write(pid / "pids.max", str(pids))
-        _write(cpu / "cpu.cfs_period_us", str(period))
-        _write(cpu / "cpu.cfs_quota_us", str(quota))
-
-    def pids(self) -> list[int]:
-        out: list[int] = []
-        for f in self.procs_files:
-            try:
-                out += [int(x) for x in Path(f).read_text().split()]
-            except OSError:
-                pass
-        return sorted(set(out))
-
-    def memory_bytes(self) -> int | None:
-        name = "memory.current" if self.mode == "v2" else "memory.usage_in_bytes"
-        try:
-            return int((self.dirs[0] / name).read_text())
-        except (OSError, ValueError):
-            return None
-
-    def kill_all(self) -> None:
-        if self.mode == "v2":
-            _write(self.dirs[0] / "cgroup.kill", "1", optional=True)
-        for _ in range(50):
-            left = self.pids()
-            if not left:
-                return
-            for p in left:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.02)
-
-    def remove(self) -> None:
-        self.kill_all()
-        for d in self.dirs:
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:  # busy for a moment while killed processes exit
-                    time.sleep(0.02)
-            try:
-                d.parent.rmdir()  # the run's dir, once its last sandbox is gone
-            except OSError:
-                pass
+def _umount(path: Path) -> None:
+    """Detach the mount on ``path`` (lazily: a process still in it cannot keep it); nothing mounted there is fine.
+    Raises OSError otherwise."""
+    if _libc.umount2(str(path).encode(), MNT_DETACH) != 0:
+        e = ctypes.get_errno()
+        if e not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not a mount point
+            raise OSError(e, f"umount {path}: {os.strerror(e)}")
 
 
-def _write(path: Path, value: str, optional: bool = False) -> None:
+def release_state(state_dir: Path) -> None:
+    """Unmount a sandbox's tmpfs mounts and remove its state dir. Raises OSError when a mount cannot be removed
+    (then nothing is deleted through it)."""
+    for sub in ("work", "tmp"):
+        _umount(state_dir / sub)
+    shutil.rmtree(state_dir, ignore_errors=True)
     try:
-        path.write_text(value)
+        state_dir.parent.rmdir()  # the run's dir, once its last sandbox is gone
     except OSError:
-        if not optional:
-            raise
+        pass
 
 
 # the sandbox -----------------------------------------------------------------------------------------------------
+_BIN: dict[str, str] = {}
+
+
+def _bin(name: str) -> str:
+    """Absolute path of a host tool (bwrap starts with an empty environment, so no PATH lookup happens there)."""
+    if name not in _BIN:
+        path = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin")
+        if path is None:
+            raise SandboxError(f"{name} not installed on this host (apt-get install "
+                               f"{'bubblewrap' if name == 'bwrap' else 'util-linux'})")
+        _BIN[name] = path
+    return _BIN[name]
+
+
+_USERNS_FLAGS: list[str] | None = None
+
+
+def userns_flags() -> list[str]:
+    """``--unshare-user --disable-userns`` when this host's bwrap supports them (0.8+, not setuid), probed once the
+    way execs run; else [] (the seccomp filter still refuses new namespaces)."""
+    global _USERNS_FLAGS
+    if _USERNS_FLAGS is None:
+        import subprocess
+
+        flags = ["--unshare-user", "--disable-userns"]
+        prefix = ([_bin("setpriv"), f"--reuid={UID_BASE}", f"--regid={UID_BASE}", "--clear-groups"]
+                  if os.geteuid() == 0 else [])
+        try:
+            p = subprocess.run([*prefix, _bin("bwrap"), *flags, "--ro-bind", "/", "/", "true"], capture_output=True,
+                               timeout=30, env={}, cwd="/")
+            ok = p.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        _USERNS_FLAGS = flags if ok else []
+    return _USERNS_FLAGS
+
+
 class BwrapSandbox(Sandbox):
-    """A sandbox made of a host state dir (work dir + /tmp) and a cgroup; each exec is one bwrap process."""
+    """A sandbox made of a host state dir (work dir + /tmp) and a cgroup; each exec is one bwrap process.
+
+    ``limits``: how limits are enforced, e.g. "cgroup-v1+tmpfs" (root) or "rlimit" (no cgroups, no disk cap).
+    ``isolation``: the hardening in force beyond namespaces, e.g. "seccomp+no-userns" (each part is dropped, with a
+    warning, where the host lacks it: libseccomp, a bwrap with ``--disable-userns``).
+    """
 
     backend = "bwrap"
 
@@ -212,6 +171,7 @@ class BwrapSandbox(Sandbox):
         self.state_dir = state_root() / _safe(self.run_id) / self.id
         self.cgroup: Cgroup | None = None
         self.limits = "none"
+        self.isolation = ""
         self.host_uid: int | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
         self._dead: str | None = None
@@ -226,6 +186,9 @@ class BwrapSandbox(Sandbox):
             raise SandboxError("bwrap not installed (apt-get install bubblewrap)", sandbox_id=self.id)
         install_exit_hooks()
         await to_thread(self._create)
+        from .sweep import auto_sweep
+
+        auto_sweep(self.backend)
         return self
 
     def _create(self) -> None:
@@ -238,8 +201,15 @@ class BwrapSandbox(Sandbox):
             (self.state_dir / "meta").write_text(
                 f"run={self.run_id}\nsandbox={self.id}\nexpires={int(now + spec.ttl_s)}\ndriver={driver_tag()}\n"
             )
+            disk = ""
             if os.geteuid() == 0:
                 self.host_uid = UID_BASE + secrets.randbelow(UID_SPAN)
+                try:
+                    mount_tmpfs(self.state_dir / "work", spec.workdir_size_mb, 0o755, self.host_uid)
+                    mount_tmpfs(self.state_dir / "tmp", spec.tmp_size_mb, 0o1777, self.host_uid)
+                    disk = "+tmpfs"
+                except OSError:  # no CAP_SYS_ADMIN (a root in a container): host dirs, no disk cap
+                    release_state_mounts(self.state_dir)
                 for sub in ("work", "tmp"):
                     os.chown(self.state_dir / sub, self.host_uid, self.host_uid)
             os.chmod(self.state_dir / "tmp", 0o1777)
@@ -247,12 +217,14 @@ class BwrapSandbox(Sandbox):
             if mode != "none":
                 self.cgroup = Cgroup(mode, _safe(self.run_id), self.id)
                 self.cgroup.create(spec.memory_mb << 20, spec.pids, spec.cpus)
-                self.limits = f"cgroup-{mode}"
+                self.limits = f"cgroup-{mode}{disk}"
             else:
-                self.limits = "rlimit"
+                self.limits = f"rlimit{disk}"
         except OSError as e:
             self._cleanup_host()
             raise SandboxError(f"create failed: {e}", sandbox_id=self.id, transient=False) from e
+        parts = (["seccomp"] if seccomp.program() is not None else []) + (["no-userns"] if userns_flags() else [])
+        self.isolation = "+".join(parts) or "namespaces-only"
         self.started_at = now
         self.expires_at = now + spec.ttl_s
         register_live(self)
@@ -293,11 +265,10 @@ class BwrapSandbox(Sandbox):
                 self.cgroup.remove()
             except OSError:
                 pass
-        shutil.rmtree(self.state_dir, ignore_errors=True)
         try:
-            self.state_dir.parent.rmdir()
+            release_state(self.state_dir)
         except OSError:
-            pass
+            pass  # a mount that would not go: the sweep retries
 
     async def stop(self) -> None:
         if self._stopped:
@@ -323,10 +294,11 @@ class BwrapSandbox(Sandbox):
             raise SandboxError(self._dead, sandbox_id=self.id)
 
     # running bwrap ----------------------------------------------------------------------------------------------
-    def _argv(self, inner: list[str], cwd: str | None, env: Mapping[str, str] | None) -> list[str]:
+    def _options(self, cwd: str | None, env: Mapping[str, str] | None, seccomp_fd: int | None) -> list[str]:
+        """bwrap's options (they travel through ``--args FD``, never on a command line)."""
         spec = self.spec
         uid, gid = spec.uid_gid()
-        bw = ["bwrap", "--unshare-all"]
+        bw = ["--unshare-all", *userns_flags()]
         if spec.network:
             bw.append("--share-net")
         bw += ["--die-with-parent", "--new-session", "--uid", str(uid), "--gid", str(gid), "--hostname", "sandbox"]
@@ -340,50 +312,81 @@ class BwrapSandbox(Sandbox):
                     "LANG": "C.UTF-8", **spec.env, **(env or {})}
         for k, v in full_env.items():
             bw += ["--setenv", k, v]
-        bw += ["--cap-drop", "ALL", "--", *inner]
+        bw += ["--cap-drop", "ALL"]
+        if seccomp_fd is not None:
+            bw += ["--seccomp", str(seccomp_fd)]
+        return bw
+
+    def _argv(self, inner: list[str], args_fd: int) -> list[str]:
+        spec = self.spec
         prefix: list[str] = []
         if self.host_uid is not None:
-            prefix = ["setpriv", f"--reuid={self.host_uid}", f"--regid={self.host_uid}", "--clear-groups"]
-        if self.limits == "rlimit":
-            prefix += ["prlimit", f"--as={spec.memory_mb << 20}", f"--nproc={spec.pids}", "--"]
+            prefix = [_bin("setpriv"), f"--reuid={self.host_uid}", f"--regid={self.host_uid}", "--clear-groups"]
+        if self.limits.startswith("rlimit"):
+            prefix += [_bin("prlimit"), f"--as={spec.memory_mb << 20}", f"--nproc={spec.pids}", "--"]
         # Join the cgroup before exec'ing bwrap, as root, so that no process of the sandbox ever runs outside it.
         join = (
-            'for f in $AGENTRL_CGROUP_PROCS; do echo $$ > "$f" || { echo "agentrl:cgroup-join-failed $f" >&2; '
-            'exit 125; }; done; exec "$@"'
+            'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || { echo "agentrl:cgroup-join-failed $1" >&2; '
+            'exit 125; }; shift; n=$((n - 1)); done; unset PWD OLDPWD; exec "$@"'
         )
-        return ["sh", "-c", join, "sh", *prefix, *bw]
+        procs = self.cgroup.procs_files if self.cgroup else []
+        return [_bin("sh"), "-c", join, "sh", str(len(procs)), *procs, *prefix, _bin("bwrap"), "--args",
+                str(args_fd), "--", *inner]
 
     async def _run(
         self,
-        inner: list[str],
+        cmd: str,
         *,
+        plain: bool,
+        timeout: float,
+        sink: Callable[[bytes], None],
         stdin: bytes | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        out: OutputCap,
-        wait_s: float,
     ) -> tuple[int, bytes, bool]:
-        """Run ``inner`` in a fresh bwrap. Returns (exit code, stderr, killed by the host backstop)."""
+        """Run ``cmd`` under the wrapper in a fresh bwrap; stdout into ``sink``. At ``timeout`` the host kills bwrap
+        and with it the command's PID namespace. Returns (exit code, stderr, timed out). What ``sink`` raises
+        propagates once bwrap is dead."""
         self._check_alive()
-        host_env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-                    "AGENTRL_CGROUP_PROCS": " ".join(self.cgroup.procs_files) if self.cgroup else ""}
+        program = seccomp.program()
+        fds: list[int] = []
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._argv(inner, cwd, env),
-                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=host_env,
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise SandboxError(f"cannot start bwrap: {e}", sandbox_id=self.id, transient=True) from e
+            sfd = seccomp.memfd(program, "agentrl-seccomp") if program is not None else None
+            if sfd is not None:
+                fds.append(sfd)
+            options = self._options(cwd, env, sfd)
+            afd = seccomp.memfd(b"".join(a.encode() + b"\0" for a in options), "agentrl-bwrap-args")
+            fds.append(afd)
+            argv = self._argv(wrap_command(cmd, new_marker(), "p" if plain else ""), afd)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    env={},
+                    cwd="/",
+                    pass_fds=fds,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                raise SandboxError(f"cannot start bwrap: {e}", sandbox_id=self.id, transient=True) from e
+        finally:
+            for fd in fds:
+                os.close(fd)
         self._procs.add(proc)
         err = bytearray()
+        sink_error: list[BaseException] = []
 
         async def pump_out() -> None:
             while chunk := await proc.stdout.read(65536):
-                out.feed(chunk)
+                if sink_error:
+                    continue  # drain until bwrap is dead
+                try:
+                    sink(chunk)
+                except Exception as e:
+                    sink_error.append(e)
+                    _kill(proc)
 
         async def pump_err() -> None:
             while chunk := await proc.stderr.read(65536):
@@ -400,31 +403,46 @@ class BwrapSandbox(Sandbox):
                 finally:
                     proc.stdin.close()
 
-        killed = False
+        timed_out = False
         io_done = asyncio.gather(feed_in(), pump_out(), pump_err(), proc.wait())
         # When our caller is cancelled, the gather ends cancelled with nobody left to look at it.
         io_done.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            await asyncio.wait_for(io_done, wait_s)
-        except asyncio.TimeoutError:
-            killed = True
-            _kill(proc)
-            await proc.wait()
+            try:
+                await asyncio.wait_for(asyncio.shield(io_done), timeout)
+            except asyncio.TimeoutError:
+                timed_out = True
+                _kill(proc)  # bwrap's death kills its sandbox (--die-with-parent), the PID namespace with it
+                try:
+                    await asyncio.wait_for(io_done, EXEC_GRACE_S)
+                except asyncio.TimeoutError:
+                    raise SandboxError(f"bwrap's pipes still open {EXEC_GRACE_S:.0f}s after it was killed",
+                                       sandbox_id=self.id) from None
         except BaseException:  # cancelled: never leave the bwrap behind
             _kill(proc)
+            io_done.cancel()
             raise
         finally:
             self._procs.discard(proc)
+        if sink_error:
+            raise sink_error[0]
         code = proc.returncode
-        if code is not None and code < 0 and not killed:
+        status = bytes(err)
+        if timed_out:
+            return TIMEOUT_EXIT, status, True
+        reported = done_code(status)
+        if reported is not None:
+            return reported, status, False
+        if code is not None and code < 0:
             if self._stopped:
                 raise SandboxError("stopped during exec", sandbox_id=self.id)
             self._dead = f"its bwrap process was killed by signal {-code} from outside"
             raise SandboxError(self._dead, sandbox_id=self.id)
-        if b"agentrl:cgroup-join-failed" in err:
+        if b"agentrl:cgroup-join-failed" in err or b"bwrap: " in err:
             text = err.decode("utf-8", errors="replace").strip()
-            raise SandboxError(f"could not join the sandbox cgroup: {text[-500:]}", sandbox_id=self.id)
-        return int(code if code is not None else -1), bytes(err), killed
+            raise SandboxError(f"bwrap failed (exit {code}): {text[-2000:]}", sandbox_id=self.id)
+        # The wrapper was killed by the command itself: report what bwrap saw.
+        return int(code if code is not None else -1), status, False
 
     # commands and files ---------------------------------------------------------------------------------------
     async def exec(
@@ -437,66 +455,26 @@ class BwrapSandbox(Sandbox):
         output_limit: int | None = None,
     ) -> ExecResult:
         self._check_alive()
+        check_timeout(timeout)
         t0 = time.monotonic()
         out = OutputCap(output_limit or self.spec.output_limit)
-        code, status, killed = await self._run(
-            wrap_command(cmd, timeout, new_marker()), cwd=self._abs(cwd) if cwd else None, env=env, out=out,
-            wait_s=timeout + EXEC_GRACE_S,
-        )
-        timed_out = killed or STATUS_TIMEOUT in status
-        if not timed_out and STATUS_DONE not in status:
-            text = status.decode("utf-8", errors="replace").strip()
-            raise SandboxError(f"bwrap failed (exit {code}): {text[-2000:]}", sandbox_id=self.id)
-        return ExecResult(
-            output=out.text(),
-            exit_code=TIMEOUT_EXIT if timed_out else code,
-            timed_out=timed_out,
-            truncated=out.truncated,
-            duration=time.monotonic() - t0,
-        )
+        code, _, timed_out = await self._run(command_string(cmd), plain=False, timeout=timeout, sink=out.feed,
+                                             cwd=self._abs(cwd) if cwd else None, env=env)
+        return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,
+                          duration=time.monotonic() - t0)
 
-    async def _plain(self, argv: list[str], *, stdin: bytes | None = None, what: str) -> bytes:
-        out = OutputCap(1 << 34)
-        code, err, killed = await self._run(argv, stdin=stdin, out=out, wait_s=600.0)
-        if code != 0 or killed:
-            text = err.decode("utf-8", errors="replace").strip()
-            raise SandboxError(f"{what} failed (exit {code}): {text[-2000:]}", sandbox_id=self.id)
-        return bytes(out.head) + bytes(out.tail)
-
-    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+    async def _plain(self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,
+                     timeout: float = PLAIN_TIMEOUT_S) -> tuple[int, bytes]:
         self._check_alive()
-        if isinstance(data, str):
-            data = data.encode()
-        script = 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"'
-        await self._plain(["sh", "-c", script, "sh", self._abs(path), f"{mode:o}"], stdin=data,
-                          what=f"write_file({path!r})")
-
-    async def read_file(self, path: str) -> bytes:
-        self._check_alive()
-        return await self._plain(["cat", "--", self._abs(path)], what=f"read_file({path!r})")
-
-    async def upload(self, local_dir: str | os.PathLike, remote_dir: str | None = None) -> None:
-        self._check_alive()
-        from .docker import _tar_dir
-
-        local = Path(local_dir)
-        if not local.is_dir():
-            raise SandboxError(f"upload: {local} is not a directory", sandbox_id=self.id)
-        data = await to_thread(_tar_dir, local)
-        target = self._abs(remote_dir or self.spec.workdir)
-        await self._plain(["sh", "-c", 'mkdir -p "$1" && tar -C "$1" -xof -', "sh", target], stdin=data,
-                          what=f"upload to {target}")
-
-    async def download(self, remote_dir: str, local_dir: str | os.PathLike) -> None:
-        self._check_alive()
-        from .docker import _untar
-
-        source = self._abs(remote_dir)
-        data = await self._plain(["tar", "-C", source, "-cf", "-", "."], what=f"download of {source}")
-        await to_thread(_untar, data, Path(local_dir))
+        code, err, timed_out = await self._run(cmd, plain=True, timeout=timeout, sink=sink or (lambda _: None),
+                                               stdin=stdin)
+        if timed_out:
+            raise SandboxError(f"{cmd[:80]!r} did not finish within {timeout:.0f}s", sandbox_id=self.id)
+        return code, err
 
     async def reset(self) -> None:
-        """No process outlives an exec here, so a reset is: kill the cgroup's leftovers, empty work dir and /tmp."""
+        """No process outlives an exec here, and /dev, /dev/shm and IPC are new per exec, so a reset is: kill the
+        cgroup's leftovers, empty work dir and /tmp."""
         self._check_alive()
         if self.cgroup is not None:
             await to_thread(self.cgroup.kill_all)
@@ -505,6 +483,15 @@ class BwrapSandbox(Sandbox):
     def memory_bytes(self) -> int | None:
         """Memory charged to the sandbox's cgroup (page cache and tmpfs included), or None without a cgroup."""
         return self.cgroup.memory_bytes() if self.cgroup else None
+
+
+def release_state_mounts(state_dir: Path) -> None:
+    """Unmount whatever of a state dir's tmpfs mounts got mounted (a failed create)."""
+    for sub in ("work", "tmp"):
+        try:
+            _umount(state_dir / sub)
+        except OSError:
+            pass
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -517,4 +504,3 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-

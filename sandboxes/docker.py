@@ -1,151 +1,74 @@
 """The docker backend: one long-lived container per sandbox, driven through docker-py's low-level API.
 
-Container: ``docker-init -- sleep TTL`` as its main process (the dead-man timer: the container exits by itself when
-the TTL runs out, and ``auto_remove`` deletes it, even if the driver was SIGKILLed), ``--network none``, memory
-(no swap), CPU and pid limits, read-only root, tmpfs work dir and /tmp, all capabilities dropped,
-``no-new-privileges``, the image's user (``agent``, uid 1000, for the images built here). Every container carries
-the labels ``agentrl.run``, ``agentrl.sandbox``, ``agentrl.expires`` and ``agentrl.driver``.
+Container: ``docker-init -- sleep TTL`` as its main process, run as :data:`~.base.TTL_UID`, a uid no command has:
+the dead-man timer (the container exits when the TTL runs out, and ``auto_remove`` deletes it, even if the driver
+was SIGKILLed) that no command can signal or trace (no capability, another uid). ``--network none``, memory (no
+swap), CPU and pid limits, read-only root, tmpfs work dir and /tmp owned by the exec user, all capabilities
+dropped, ``no-new-privileges``. Every container carries the labels ``agentrl.run``, ``agentrl.sandbox``,
+``agentrl.expires`` and ``agentrl.driver``.
 
-Commands go through ``exec`` with the wrapper of base.py, which enforces the timeout inside the container. Files move
-as tar/cat streams over an exec's stdin/stdout (``put_archive`` cannot write into a tmpfs of a read-only container).
-docker-py blocks, so every engine call runs in the sandbox thread pool. ``DOCKER_HOST`` etc. are honoured
-(``docker.from_env``).
+Commands run through ``exec`` as ``spec.user`` (default 1000:1000, whatever the image's USER) under the wrapper of
+base.py. With the driver on the engine's host as root (``reaper == "host-cgroup"``): the wrapper waits on stdin
+until the driver found its pid (by a marker on its command line, in the container's cgroup) and moved it into a
+cgroup of its own under the container's; when the command reports its exit status, or its timeout passes on the
+driver's clock, the driver kills that cgroup: the command's whole tree, from outside the container. Otherwise
+(``reaper == "in-sandbox"``: a remote ``DOCKER_HOST``, a non-root driver) an in-container watchdog enforces the
+timeout, which the sandbox user could kill; a warning says so once.
+
+Files move as tar/cat streams over an exec's stdin/stdout (``put_archive`` cannot write into a tmpfs of a read-only
+container). docker-py blocks, so every engine call runs in the sandbox thread pool. ``DOCKER_HOST`` etc. are honoured
+(``docker.from_env``; the client and the exec stream reader live in docker_engine.py).
 """
 
 from __future__ import annotations
 
-import io
+import logging
 import math
-import os
+import shlex
 import socket
-import struct
-import tarfile
-import threading
+import subprocess
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .base import (
     LABEL_DRIVER,
     LABEL_EXPIRES,
     LABEL_RUN,
     LABEL_SANDBOX,
-    STATUS_DONE,
-    STATUS_TIMEOUT,
-    TIMEOUT_EXIT,
+    PLAIN_TIMEOUT_S,
+    TTL_UID,
     ExecResult,
     OutputCap,
     Sandbox,
     SandboxError,
     SandboxSpec,
     driver_tag,
-    new_marker,
     install_exit_hooks,
+    new_marker,
     register_live,
     to_thread,
     unregister_live,
-    wrap_command,
 )
+from .cgroups import ContainerGroups
+from .docker_engine import _is_transient, _Stream, docker_available, docker_client  # noqa: F401 (re-exported)
+from .wrappers import STATUS_TIMEOUT, TIMEOUT_EXIT, check_timeout, done_code, watchdog_command, wrap_command
 
-_CLIENT = None
-_CLIENT_LOCK = threading.Lock()
-# Slack between the in-sandbox timeout and the driver giving up on the exec stream.
+log = logging.getLogger("agentrl.sandboxes")
+
+# Slack after a timeout (or the command's end) for the exec's stream to close once its group was killed.
 EXEC_GRACE_S = 15.0
-_IMAGE_USERS: dict[str, str] = {}
-
-
-def docker_client():
-    """The process-wide docker-py client (``docker.from_env``, so DOCKER_HOST/DOCKER_TLS_VERIFY apply)."""
-    global _CLIENT
-    with _CLIENT_LOCK:
-        if _CLIENT is None:
-            import docker
-
-            _CLIENT = docker.from_env(timeout=120, max_pool_size=int(os.environ.get("AGENTRL_DOCKER_POOL", "256")))
-        return _CLIENT
-
-
-def docker_available() -> tuple[bool, str]:
-    """(True, version) when an engine answers, else (False, reason)."""
-    try:
-        return True, docker_client().version().get("Version", "?")
-    except Exception as e:  # any failure means "not usable here"
-        return False, f"{type(e).__name__}: {e}"
-
-
-def _is_transient(e: Exception) -> bool:
-    import docker
-    import requests
-
-    if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
-        return True
-    if isinstance(e, docker.errors.APIError) and not isinstance(e, docker.errors.NotFound):
-        code = getattr(e.response, "status_code", None) or 0
-        return code >= 500 or code == 429
-    return False
-
-
-class _Stream:
-    """Reader of docker's multiplexed exec stream (8-byte frame headers: stream id, 3 zero bytes, size BE32)."""
-
-    def __init__(self, sock: Any, deadline: float):
-        # unix/tcp: a SocketIO around a socket; other transports (ssh) give a file-like object
-        self.sock = getattr(sock, "_sock", sock)
-        self._recv = getattr(self.sock, "recv", None) or self.sock.read
-        self.deadline = deadline
-        self.buf = bytearray()
-        self.eof = False
-
-    def _fill(self, n: int) -> bool:
-        while len(self.buf) < n:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("exec stream did not finish in time")
-            if hasattr(self.sock, "settimeout"):
-                self.sock.settimeout(min(left, 5.0))
-            try:
-                chunk = self._recv(65536)
-            except socket.timeout:
-                continue
-            if not chunk:
-                self.eof = True
-                return False
-            self.buf += chunk
-        return True
-
-    def frames(self):
-        while True:
-            if not self._fill(8):
-                return
-            stream_id = self.buf[0]
-            (size,) = struct.unpack(">I", bytes(self.buf[4:8]))
-            del self.buf[:8]
-            if not self._fill(size):
-                return
-            data = bytes(self.buf[:size])
-            del self.buf[:size]
-            yield stream_id, data
-
-    def close(self) -> None:
-        # The socket docker-py hands out still has SocketIO references held by its HTTP response, so close()
-        # only marks it closed and the fd stays open until garbage collection (a ResourceWarning per exec).
-        # Detaching and closing the fd releases it now.
-        sock = self.sock
-        if isinstance(sock, socket.socket):
-            try:
-                if sock.fileno() != -1:
-                    os.close(sock.detach())
-            except OSError:
-                pass
-        else:
-            try:
-                sock.close()
-            except OSError:
-                pass
+# How long a new exec may take to show up in the container (runc exec on a loaded engine).
+EXEC_START_S = 60.0
+_IMAGES_SEEN: set[str] = set()
+_WARNED_FALLBACK = False
 
 
 class DockerSandbox(Sandbox):
-    """A sandbox backed by one Docker container. See the module docstring for the container's settings."""
+    """A sandbox backed by one Docker container. See the module docstring for the container's settings.
+
+    ``reaper``: "host-cgroup" (the driver kills each exec's cgroup) or "in-sandbox" (the weaker fallback).
+    """
 
     backend = "docker"
 
@@ -153,6 +76,11 @@ class DockerSandbox(Sandbox):
         super().__init__(spec, run=run)
         self.container_id: str | None = None
         self.name = f"agentrl-{self.id}"
+        uid, gid = spec.uid_gid()
+        self.exec_user = f"{uid}:{gid}"
+        self.init_pid = 0
+        self.groups: ContainerGroups | None = None
+        self.reaper = "in-sandbox"
 
     # lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> "DockerSandbox":
@@ -160,6 +88,9 @@ class DockerSandbox(Sandbox):
             return self
         install_exit_hooks()
         await to_thread(self._create)
+        from .sweep import auto_sweep
+
+        auto_sweep(self.backend)
         return self
 
     def _create(self) -> None:
@@ -180,17 +111,14 @@ class DockerSandbox(Sandbox):
             LABEL_DRIVER: driver_tag(),
         }
         self._ensure_image(client)
-        tmpfs_opts = "rw,exec,nosuid,nodev,mode=1777"
-        owner = self._owner(client)
-        if owner:  # tools like git refuse a work dir owned by another user
-            tmpfs_opts += f",uid={owner[0]},gid={owner[1]}"
-        volumes = {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts}
+        uid, gid = spec.uid_gid()
+        # tools like git refuse a work dir owned by another user
+        tmpfs_opts = f"rw,exec,nosuid,nodev,mode=1777,uid={uid},gid={gid}"
+        binds = {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts}
+        api = client.api
+        # The low-level calls (create, start, inspect) rather than containers.run, which inspects before start too.
         try:
-            container = client.containers.run(
-                spec.image,
-                command=["sleep", str(ttl)],
-                name=self.name,
-                detach=True,
+            host_config = api.create_host_config(
                 init=True,
                 auto_remove=True,
                 network_mode="bridge" if spec.network else "none",
@@ -205,13 +133,21 @@ class DockerSandbox(Sandbox):
                 },
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
-                user=spec.user or "",
+                binds=binds or None,
+            )
+            cid = api.create_container(
+                spec.image,
+                command=["sleep", str(ttl)],
+                entrypoint=[""],  # reset the image's entrypoint: it must not wrap the TTL process
+                name=self.name,
+                detach=True,
+                user=f"{TTL_UID}:{TTL_UID}",
                 working_dir=spec.workdir,
                 environment={"HOME": "/tmp", **spec.env},
                 labels=labels,
-                volumes=volumes or None,
-                stdin_open=False,
-            )
+                volumes=[m.target for m in spec.mounts] or None,
+                host_config=host_config,
+            )["Id"]
         except docker.errors.ImageNotFound as e:
             raise SandboxError(
                 f"image {spec.image!r} not found ({e.explanation}); build it with "
@@ -220,10 +156,23 @@ class DockerSandbox(Sandbox):
             ) from e
         except Exception as e:
             raise SandboxError(f"container create failed: {e}", sandbox_id=self.id, transient=_is_transient(e)) from e
-        self.container_id = container.id
+        try:
+            api.start(cid)
+            self.init_pid = int(api.inspect_container(cid)["State"].get("Pid") or 0)
+        except Exception as e:
+            try:  # auto_remove only removes a container that ran
+                api.remove_container(cid, force=True)
+            except Exception:
+                pass
+            raise SandboxError(f"container start failed: {e}", sandbox_id=self.id, transient=_is_transient(e)) from e
+        self.container_id = cid
         self.started_at = time.time()
         self.expires_at = now + ttl
         register_live(self)
+        self.groups = ContainerGroups.find(self.init_pid, cid)
+        self.reaper = "host-cgroup" if self.groups is not None else "in-sandbox"
+        if self.groups is None:
+            _warn_fallback()
 
     def _ensure_image(self, client) -> None:
         """The image must be local; else one explicit pull (machines with a registry), else a non-transient error
@@ -231,10 +180,11 @@ class DockerSandbox(Sandbox):
         import docker
 
         image = self.spec.image
-        if image in _IMAGE_USERS:
+        if image in _IMAGES_SEEN:
             return
         try:
             client.api.inspect_image(image)
+            _IMAGES_SEEN.add(image)
             return
         except docker.errors.ImageNotFound:
             pass
@@ -248,22 +198,6 @@ class DockerSandbox(Sandbox):
                 "`agentrl sandboxes build-image --all` (no registry is needed)",
                 sandbox_id=self.id,
             ) from e
-
-    def _owner(self, client) -> tuple[int, int] | None:
-        """Numeric uid/gid commands run as: spec.user, else the image's USER when numeric; None if unknown."""
-        if self.spec.user:
-            return self.spec.uid_gid()
-        user = _IMAGE_USERS.get(self.spec.image)
-        if user is None:
-            try:
-                user = client.api.inspect_image(self.spec.image)["Config"].get("User") or ""
-            except Exception:
-                return None  # the create call reports a missing image
-            _IMAGE_USERS[self.spec.image] = user
-        uid, _, gid = user.partition(":")
-        if uid.isdigit() and (not gid or gid.isdigit()):
-            return int(uid), int(gid or uid)
-        return None
 
     async def stop(self) -> None:
         if self._stopped or self.container_id is None:
@@ -302,32 +236,52 @@ class DockerSandbox(Sandbox):
             return None
         return f"its container is not running (status {state.get('Status')}, exit code {state.get('ExitCode')})"
 
-    def _exec_raw(
+    def _dead_soon(self) -> str | None:
+        """Like _dead_reason, giving the engine a moment to show a container killed under us as not running."""
+        reason = self._dead_reason()
+        for _ in range(20):
+            if reason:
+                break
+            time.sleep(0.1)
+            reason = self._dead_reason()
+        return reason
+
+    def _run(
         self,
-        argv: list[str],
+        cmd: str,
         *,
+        plain: bool,
+        timeout: float,
+        sink: Callable[[bytes], None],
         stdin: bytes | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        out: OutputCap,
-        wait_s: float,
-    ) -> tuple[int | None, bytes]:
-        """Run argv; stdout into ``out``, stderr returned (the wrapper's status channel, or an error text).
+    ) -> tuple[int, bytes, bool]:
+        """Run ``cmd`` under the wrapper; stdout into ``sink``. Returns (exit code, stderr, timed out).
 
-        Returns (exit code or None if unknown, stderr). Raises SandboxError when the container is dead.
+        Raises SandboxError when the container is dead; what ``sink`` raises propagates once the exec's tree is dead.
         """
         import docker
 
         self._check_alive()
         api = docker_client().api
+        marker = new_marker()
+        groups = self.groups
+        if groups is not None:
+            argv = wrap_command(cmd, marker, "gp" if plain else "g")
+        elif plain:
+            argv = ["sh", "-c", cmd]
+        else:
+            argv = watchdog_command(cmd, timeout, marker)
         try:
             eid = api.exec_create(
                 self.container_id,
                 argv,
                 stdout=True,
                 stderr=True,
-                stdin=stdin is not None,
+                stdin=groups is not None or stdin is not None,
                 tty=False,
+                user=self.exec_user,
                 environment=dict(env) if env else None,
                 workdir=cwd or self.spec.workdir,
             )["Id"]
@@ -337,40 +291,129 @@ class DockerSandbox(Sandbox):
             if reason:
                 raise SandboxError(reason, sandbox_id=self.id) from e
             raise SandboxError(f"exec failed: {e}", sandbox_id=self.id, transient=_is_transient(e)) from e
-        stream = _Stream(sock, time.monotonic() + wait_s)
+        stream = _Stream(sock)
+        group: Path | None = None
+        pid = 0
         err = bytearray()
+        timed_out = False
+        code: int | None = None
+        t0 = time.monotonic()
+        # The fallback's own watchdog ends the command; the driver waits a grace period longer.
+        deadline = t0 + timeout + (EXEC_GRACE_S if groups is None else 0.0)
         try:
-            if stdin is not None:
-                stream.sock.sendall(stdin)
+            if groups is not None:
+                # The wrapper says nothing before "go": anything on the stream means the exec failed to start
+                # (a missing cwd, an unknown user), and the engine's message is the command's output.
+                pid = groups.find_pid(marker, t0 + EXEC_START_S, stop=stream.ready)
+                if pid is None and stream.ready():
+                    return self._failed_start(eid, stream, sink)
+                if pid is None:
+                    reason = self._dead_soon()
+                    raise SandboxError(reason or f"exec did not start within {EXEC_START_S:.0f}s", sandbox_id=self.id)
+                try:
+                    group = groups.new_group(pid)
+                except OSError as e:
+                    reason = self._dead_soon()
+                    raise SandboxError(reason or f"cannot make the exec's cgroup: {e}", sandbox_id=self.id) from e
+                deadline = time.monotonic() + timeout
+            payload = (b"go\n" if groups is not None else b"") + (stdin or b"")
+            if groups is not None or stdin is not None:
+                if payload:
+                    stream.sock.sendall(payload)
                 stream.sock.shutdown(socket.SHUT_WR)  # EOF for the command's stdin
-            for stream_id, data in stream.frames():
-                if stream_id == 2:
-                    if len(err) < 65536:
-                        err += data
-                else:
-                    out.feed(data)
-        except TimeoutError:
-            reason = self._dead_reason()
-            raise SandboxError(
-                reason or f"exec stream still open {wait_s:.0f}s after start (a process escaped the reaper?)",
-                sandbox_id=self.id,
-            ) from None
+            # kill_at: when the driver kills the exec's group: at the timeout, or once the command reported its end
+            # (at once when something it started is still there, else only if the wrapper has not exited by then).
+            kill_at, killed_at = deadline, None
+            while not stream.eof:
+                now = time.monotonic()
+                if killed_at is None and now >= kill_at:
+                    if group is None:  # the fallback: its watchdog did not end the command
+                        reason = self._dead_reason()
+                        raise SandboxError(reason or f"exec stream still open {now - t0:.0f}s after start",
+                                           sandbox_id=self.id)
+                    groups.kill(group)  # type: ignore[union-attr]
+                    killed_at = now
+                    timed_out = code is None
+                if killed_at is not None and now >= killed_at + EXEC_GRACE_S:
+                    raise SandboxError(f"exec stream still open {EXEC_GRACE_S:.0f}s after its group was killed",
+                                       sandbox_id=self.id)
+                stream.read(kill_at if killed_at is None else killed_at + EXEC_GRACE_S)
+                for stream_id, data in stream.frames():
+                    if stream_id == 2:
+                        if len(err) < 65536:
+                            err += data
+                        if code is None:
+                            code = done_code(bytes(err))
+                            if code is not None and group is not None and killed_at is None:
+                                others = [p for p in groups.procs(group) if p != pid]  # type: ignore[union-attr]
+                                kill_at = time.monotonic() + (0.0 if others else 1.0)
+                    else:
+                        sink(data)
         except OSError as e:
             reason = self._dead_reason()
             raise SandboxError(reason or f"exec stream broke: {e}", sandbox_id=self.id) from e
         finally:
             stream.close()
-        code = None
+            if group is not None:
+                groups.remove(group)  # type: ignore[union-attr]
+        if STATUS_TIMEOUT in err:  # the fallback's watchdog fired
+            timed_out = True
+        if code is None and not timed_out:
+            # No status reported: a plain command of the fallback (none is expected), a wrapper killed by the command
+            # itself, or a container that died under us (its init is gone at once; the engine may take a moment).
+            if groups is None and plain:
+                code = self._exit_code(eid)
+            elif groups is not None and self._init_alive():
+                code = self._exit_code(eid)
+            if code is None:
+                reason = self._dead_soon()
+                if reason or (groups is not None and not self._init_alive()):
+                    reason = reason or "its container's init died"
+                    raise SandboxError(f"{reason} (during exec)", sandbox_id=self.id)
+                code = self._exit_code(eid)
+            if code is None:
+                raise SandboxError("exec finished without an exit code", sandbox_id=self.id)
+        return (TIMEOUT_EXIT if timed_out else int(code)), bytes(err), timed_out  # type: ignore[arg-type]
+
+    def _failed_start(self, eid: str, stream: _Stream, sink: Callable[[bytes], None]) -> tuple[int, bytes, bool]:
+        err = bytearray()
+        end = time.monotonic() + EXEC_GRACE_S
+        while not stream.eof and time.monotonic() < end:
+            stream.read(end)
+        for stream_id, data in stream.frames():
+            if stream_id == 2:
+                err += data
+            else:
+                sink(data)
+        code = self._exit_code(eid)
+        if code is None or not self._init_alive():  # a container going away
+            reason = self._dead_soon()
+            raise SandboxError(reason or f"exec failed to start: {bytes(err)[-500:]!r}", sandbox_id=self.id)
+        return code, bytes(err), False
+
+    def _init_alive(self) -> bool:
+        """Whether the container's init (seen from the host) runs and is not exiting: the first sign of a killed
+        container, before the engine shows it (host-cgroup mode only)."""
+        try:
+            stat = Path(f"/proc/{self.init_pid}/stat").read_text()
+        except OSError:
+            return False
+        fields = stat[stat.rindex(")") + 2:].split()
+        state, flags = fields[0], int(fields[6])
+        return state not in ("Z", "X", "x") and not flags & 0x4  # PF_EXITING
+
+    def _exit_code(self, eid: str) -> int | None:
+        import docker
+
         for _ in range(50):
             try:
-                info = api.exec_inspect(eid)
+                info = docker_client().api.exec_inspect(eid)
             except docker.errors.NotFound:
-                break
+                return None
             if not info.get("Running") and info.get("ExitCode") is not None:
-                code = int(info["ExitCode"])
-                break
+                return int(info["ExitCode"])
             time.sleep(0.02)
-        return code, bytes(err)
+        return None
 
     # commands and files ---------------------------------------------------------------------------------------
     async def exec(
@@ -383,104 +426,57 @@ class DockerSandbox(Sandbox):
         output_limit: int | None = None,
     ) -> ExecResult:
         self._check_alive()
-        argv = wrap_command(cmd, timeout, new_marker())
-        return await to_thread(self._exec_sync, argv, timeout, cwd, env, output_limit or self.spec.output_limit)
+        check_timeout(timeout)
+        text = cmd if isinstance(cmd, str) else shlex.join([str(c) for c in cmd])
+        return await to_thread(self._exec_sync, text, timeout, cwd, env, output_limit or self.spec.output_limit)
 
-    def _exec_sync(self, argv, timeout, cwd, env, limit) -> ExecResult:
+    def _exec_sync(self, cmd, timeout, cwd, env, limit) -> ExecResult:
         t0 = time.monotonic()
         out = OutputCap(limit)
-        code, status = self._exec_raw(
-            argv, cwd=self._abs(cwd) if cwd else None, env=env, out=out, wait_s=timeout + EXEC_GRACE_S
-        )
-        timed_out = STATUS_TIMEOUT in status
-        if code is None or (STATUS_DONE not in status and not timed_out):
-            # The wrapper itself ended abnormally; most often because the container died under it (the engine
-            # may take a moment to show a killed container as not running).
-            reason = self._dead_reason()
-            for _ in range(20):
-                if reason:
-                    break
-                time.sleep(0.1)
-                reason = self._dead_reason()
-            if reason:
-                raise SandboxError(f"{reason} (during exec)", sandbox_id=self.id)
-        if code is None:
-            raise SandboxError("exec finished without an exit code", sandbox_id=self.id)
-        return ExecResult(
-            output=out.text(),
-            exit_code=TIMEOUT_EXIT if timed_out else code,
-            timed_out=timed_out,
-            truncated=out.truncated,
-            duration=time.monotonic() - t0,
-        )
+        code, _, timed_out = self._run(cmd, plain=False, timeout=timeout, sink=out.feed,
+                                       cwd=self._abs(cwd) if cwd else None, env=env)
+        return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,
+                          duration=time.monotonic() - t0)
 
-    def _plain(self, argv: list[str], *, stdin: bytes | None = None, limit: int = 1 << 34, what: str) -> bytes:
-        out = OutputCap(limit)
-        code, err = self._exec_raw(argv, stdin=stdin, out=out, wait_s=600.0)
-        if code != 0:
-            reason = self._dead_reason()
-            if reason:
-                raise SandboxError(reason, sandbox_id=self.id)
-            text = err.decode("utf-8", errors="replace").strip()
-            raise SandboxError(f"{what} failed (exit {code}): {text}", sandbox_id=self.id)
-        return bytes(out.head) + bytes(out.tail)
-
-    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+    async def _plain(self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,
+                     timeout: float = PLAIN_TIMEOUT_S) -> tuple[int, bytes]:
         self._check_alive()
-        if isinstance(data, str):
-            data = data.encode()
-        script = 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"'
-        await to_thread(
-            self._plain, ["sh", "-c", script, "sh", self._abs(path), f"{mode:o}"], stdin=data,
-            what=f"write_file({path!r})",
-        )
+        code, err, timed_out = await to_thread(self._run, cmd, plain=True, timeout=timeout,
+                                               sink=sink or (lambda _: None), stdin=stdin)
+        if timed_out:
+            raise SandboxError(f"{cmd[:80]!r} did not finish within {timeout:.0f}s", sandbox_id=self.id)
+        return code, err
 
-    async def read_file(self, path: str) -> bytes:
-        self._check_alive()
-        return await to_thread(self._plain, ["cat", "--", self._abs(path)], what=f"read_file({path!r})")
-
-    async def upload(self, local_dir: str | os.PathLike, remote_dir: str | None = None) -> None:
-        self._check_alive()
-        local = Path(local_dir)
-        if not local.is_dir():
-            raise SandboxError(f"upload: {local} is not a directory", sandbox_id=self.id)
-        data = await to_thread(_tar_dir, local)
-        target = self._abs(remote_dir or self.spec.workdir)
-        await to_thread(
-            self._plain, ["sh", "-c", 'mkdir -p "$1" && tar -C "$1" -xof -', "sh", target], stdin=data,
-            what=f"upload to {target}",
-        )
-
-    async def download(self, remote_dir: str, local_dir: str | os.PathLike) -> None:
-        self._check_alive()
-        source = self._abs(remote_dir)
-        data = await to_thread(self._plain, ["tar", "-C", source, "-cf", "-", "."], what=f"download of {source}")
-        await to_thread(_untar, data, Path(local_dir))
+    def _wipe_dirs(self) -> list[str]:
+        return [self.spec.workdir, "/tmp", "/dev/shm", "/dev/mqueue"]
 
     async def reset(self) -> None:
-        """Kill every process but the container's init and TTL sleep, then empty the work dir and /tmp."""
+        """Kill every process of the previous episode (all but the container's init and TTL process), remove its
+        SysV IPC objects, then empty the work dir, /tmp, /dev/shm and /dev/mqueue (POSIX shm and queues)."""
         self._check_alive()
-        # The TTL sleep is init's first child; everything else (but this shell) goes.
-        kill_stray = (
-            'ttl=$(cut -d" " -f1 /proc/1/task/1/children); for d in /proc/[0-9]*; do p=${d#/proc/}; '
-            'case "$p" in 1|$$|"$ttl") continue;; esac; kill -KILL "$p" 2>/dev/null; done; true'
-        )
-        await to_thread(self._plain, ["sh", "-c", kill_stray], what="reset (kill)")
+        await to_thread(self._reset_processes_and_ipc)
         await super().reset()
 
+    def _reset_processes_and_ipc(self) -> None:
+        if self.groups is not None:
+            self.groups.kill_all_but(TTL_UID)
+            # SysV objects live in the container's IPC namespace: the host's ipcrm, entered into it, removes them.
+            p = subprocess.run(["nsenter", "-t", str(self.init_pid), "--ipc", "ipcrm", "--all"],
+                               capture_output=True, text=True, timeout=60)
+            if p.returncode != 0:
+                raise SandboxError(f"reset: ipcrm failed: {p.stderr.strip()[-500:]}", sandbox_id=self.id)
+            return
+        # Fallback: as the sandbox user, kill every process it may signal (init and TTL have another uid).
+        self._run("kill -KILL -1 2>/dev/null; command -v ipcrm >/dev/null && ipcrm --all 2>/dev/null; true",
+                  plain=True, timeout=60, sink=lambda _: None)
 
-def _tar_dir(local: Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for child in sorted(local.iterdir()):
-            tar.add(str(child), arcname=child.name)
-    return buf.getvalue()
 
-
-def _untar(data: bytes, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        try:
-            tar.extractall(dest, filter="data")
-        except TypeError:  # Python without extraction filters
-            tar.extractall(dest)
+def _warn_fallback() -> None:
+    global _WARNED_FALLBACK
+    if not _WARNED_FALLBACK:
+        _WARNED_FALLBACK = True
+        log.warning(
+            "docker sandboxes: this driver cannot reach the containers' cgroups (a remote engine, or not root), so "
+            "exec timeouts are enforced by a watchdog inside each container, which a hostile command can kill. Run "
+            "the driver as root on the engine's host for host-enforced timeouts."
+        )

@@ -1,4 +1,5 @@
-"""SandboxPool: bounded concurrency, rate-limited creation with retries, and optional warm reuse."""
+"""SandboxPool: bounded concurrency, rate-limited creation with retries, optional warm reuse, and a sweep of the
+orphans (dead drivers' and expired sandboxes) of each backend the first time the pool is asked for it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 from .base import Sandbox, SandboxError, SandboxSpec
+from .sweep import SweepReport, auto_sweep, merge
 
 
 class TokenBucket:
@@ -63,6 +65,8 @@ class SandboxPool:
         reset it (kill its processes, empty work dir and /tmp) and keep it warm instead of destroying it.
     Invariant: every sandbox this pool created is stopped by ``close()`` or on release, including when the holder's
     task is cancelled.
+    Start: the first acquire/prewarm of each backend sweeps that backend's orphans in the background (``swept()``
+    awaits those sweeps and returns what they removed).
     """
 
     def __init__(
@@ -89,7 +93,19 @@ class SandboxPool:
         self._warm: dict[str, list[Sandbox]] = defaultdict(list)
         self._factory = factory
         self._closed = False
+        self._sweeps: dict[str, asyncio.Future] = {}
         self.stats = PoolStats()
+
+    def _sweep_once(self, backend: str) -> None:
+        if backend not in self._sweeps:
+            fut = auto_sweep(backend, force=True)
+            if fut is not None:
+                self._sweeps[backend] = fut
+
+    async def swept(self) -> SweepReport:
+        """Waits for the sweeps this pool started; returns what they removed."""
+        done = await asyncio.gather(*self._sweeps.values(), return_exceptions=True)
+        return merge([r for r in done if isinstance(r, SweepReport)])
 
     async def _new(self, spec: SandboxSpec) -> Sandbox:
         from . import create_sandbox
@@ -115,6 +131,7 @@ class SandboxPool:
 
     async def prewarm(self, spec: SandboxSpec, n: int) -> None:
         """Create ``n`` sandboxes of ``spec`` and keep them idle for ``acquire(spec, reuse=True)``."""
+        self._sweep_once(spec.backend)
         made = await asyncio.gather(*(self._new(spec) for _ in range(n)))
         self._warm[spec.key()].extend(made)
 
@@ -122,6 +139,7 @@ class SandboxPool:
     async def acquire(self, spec: SandboxSpec, *, reuse: bool = False) -> AsyncIterator[Sandbox]:
         if self._closed:
             raise SandboxError("pool is closed")
+        self._sweep_once(spec.backend)
         async with self._sem:
             sb = None
             if reuse:

@@ -1,20 +1,29 @@
-"""Removal of leftover sandboxes: containers labelled ``agentrl.run`` and bwrap state dirs / cgroups.
+"""Removal of leftover sandboxes: containers labelled ``agentrl.run`` and bwrap state dirs, tmpfs mounts, cgroups.
 
 Without a run id, only orphans go: expired (past ``agentrl.expires``), exited, or created by a driver process on
 this host that no longer exists. So a sweep is safe while other drivers run. With a run id (or ``everything``),
 all of that run's (or every) sandbox goes.
+
+Automatic sweeps (:func:`auto_sweep`): a pool sweeps the orphans of a backend the first time it is asked for a
+sandbox of it, a sandbox that finds itself expired sweeps its backend, and sandbox creation sweeps at most every
+``$AGENTRL_SWEEP_INTERVAL_S`` (300) seconds. So what a SIGKILLed driver left behind goes without anyone running
+``agentrl sandboxes sweep``. They run in the sandbox thread pool and never raise (errors are logged).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
-import shutil
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import LABEL_DRIVER, LABEL_EXPIRES, LABEL_RUN, LABEL_SANDBOX, state_root
+from .base import LABEL_DRIVER, LABEL_EXPIRES, LABEL_RUN, LABEL_SANDBOX, state_root, to_thread
+
+log = logging.getLogger("agentrl.sandboxes")
 
 
 @dataclass
@@ -38,6 +47,7 @@ def _driver_gone(tag: str) -> bool:
 
 
 def _orphan(expires: str | None, driver: str | None, running: bool = True) -> bool:
+    """Whether a sandbox is left over: ended, past its expiry, or its driver (on this host) is gone."""
     if not running:
         return True
     if expires and expires.isdigit() and int(expires) < time.time():
@@ -57,8 +67,9 @@ def sweep_docker(
     label = f"{LABEL_RUN}={run}" if run else LABEL_RUN
     for c in client.api.containers(all=True, filters={"label": label}):
         labels = c.get("Labels") or {}
+        # "created": between a live driver's create and start calls, not an orphan unless its driver is gone
         if not (run or everything) and not _orphan(
-            labels.get(LABEL_EXPIRES), labels.get(LABEL_DRIVER), c.get("State") == "running"
+            labels.get(LABEL_EXPIRES), labels.get(LABEL_DRIVER), c.get("State") not in ("exited", "dead")
         ):
             continue
         try:
@@ -82,7 +93,8 @@ def _read_meta(path: Path) -> dict[str, str]:
 def sweep_bwrap(
     run: str | None = None, *, everything: bool = False, report: SweepReport | None = None
 ) -> SweepReport:
-    from .bwrap import CGROUP_ROOT, V1_CONTROLLERS, Cgroup, _safe
+    from .bwrap import release_state, _safe
+    from .cgroups import CGROUP_ROOT, V1_CONTROLLERS, Cgroup
 
     report = report or SweepReport()
     root = state_root()
@@ -101,7 +113,11 @@ def sweep_bwrap(
                         cg.remove()
                     except OSError as e:
                         report.errors.append(f"{run_dir.name}/{sb_dir.name} cgroup: {e}")
-            shutil.rmtree(sb_dir, ignore_errors=True)
+            try:
+                release_state(sb_dir)  # unmounts its tmpfs mounts, then removes it
+            except OSError as e:
+                report.errors.append(f"{run_dir.name}/{sb_dir.name}: {e}")
+                continue
             report.bwrap.append(f"{run_dir.name}/{sb_dir.name}")
         try:
             run_dir.rmdir()
@@ -146,3 +162,58 @@ def sweep(
     if bwrap:
         sweep_bwrap(run, everything=everything, report=report)
     return report
+
+
+def merge(reports: list[SweepReport]) -> SweepReport:
+    out = SweepReport()
+    for r in reports:
+        out.containers += r.containers
+        out.bwrap += r.bwrap
+        out.errors += r.errors
+    return out
+
+
+AUTO_SWEEP_INTERVAL_S = float(os.environ.get("AGENTRL_SWEEP_INTERVAL_S", "300"))
+_auto_lock = threading.Lock()
+_auto_last: dict[str, float] = {}
+_auto_running: dict[str, "asyncio.Future[SweepReport]"] = {}
+
+
+def _sweep_one(backend: str) -> SweepReport:
+    try:
+        if backend == "docker":
+            return sweep_docker()
+        return sweep_bwrap()
+    except Exception as e:  # an automatic sweep must never break the caller
+        log.warning("automatic sweep of %s sandboxes failed: %r", backend, e)
+        return SweepReport(errors=[f"{backend}: {e!r}"])
+
+
+def auto_sweep(backend: str, *, force: bool = False) -> "asyncio.Future[SweepReport] | None":
+    """Schedule a sweep of ``backend``'s orphans (see the module docstring) on the running loop; returns its future,
+    or None when one ran less than AUTO_SWEEP_INTERVAL_S ago (unless ``force``). One at a time per backend: a call
+    while one runs returns that one."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    with _auto_lock:
+        running = _auto_running.get(backend)
+        if running is not None and not running.done() and running.get_loop() is loop:  # type: ignore[attr-defined]
+            return running
+        now = time.monotonic()
+        if not force and now - _auto_last.get(backend, -1e18) < AUTO_SWEEP_INTERVAL_S:
+            return None
+        _auto_last[backend] = now
+        fut = asyncio.ensure_future(to_thread(_sweep_one, backend))
+        _auto_running[backend] = fut
+
+    def done(f: "asyncio.Future[SweepReport]") -> None:
+        if not f.cancelled() and f.exception() is None:
+            r = f.result()
+            if r.containers or r.bwrap:
+                log.info("swept %d containers, %d bwrap sandboxes left by dead drivers or expired",
+                         len(r.containers), len(r.bwrap))
+
+    fut.add_done_callback(done)
+    return fut

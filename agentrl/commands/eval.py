@@ -2,11 +2,12 @@
 
 ``agentrl eval configs/eval_bfcl_oracle.yaml`` runs an :class:`agentrl.eval.EvalConfig`; flags override the file,
 or replace it: ``agentrl eval --env bfcl --policy oracle --limit 50 --out runs/bfcl``. ``--env`` is repeatable and
-takes env ids or suite names (``bfcl``, ``bfcl-live``, ``bfcl-all``, ``tool-use``, ``swe``). ``--set key=value``
-overrides any config key (``--set policy.rollout.temperature=0``). Rerunning the same command resumes: instances
-already recorded in ``--out`` are skipped. Exit status: 0 when every episode ran (solved or not), 1 when some
-episodes errored (the summary line says how many; their SWE predictions are empty patches), 130 on Ctrl-C (files
-consistent), 2 on a config error.
+takes env ids or suite names (``bfcl``, ``bfcl-non-live``, ``bfcl-live``, ``bfcl-multi-turn``, ``tool-use``,
+``swe``). ``--set key=value`` overrides any config key (``--set policy.rollout.temperature=0``; BFCL's answer
+format: ``--set suite_kwargs.format=prompt``). BFCL runs also report the leaderboard's aggregated scores. Rerunning
+the same command resumes: instances already recorded in ``--out`` are skipped. Exit status: 0 when every episode ran
+(solved or not), 1 when some episodes errored (the summary line says how many; their SWE predictions are empty
+patches), 130 on Ctrl-C (files consistent), 2 on a config error.
 
 The SWE flags (``--instances``, ``--repos-dir``, ``--env-specs``, ``--cache-dir``, ``--ids``, ``--backend``,
 ``--image``) configure the SWE env of the run: ``agentrl eval --env swe --instances F --repos-dir D`` evaluates the
@@ -171,6 +172,11 @@ def _main(args: argparse.Namespace) -> int:
     flagged = f", {t['flagged']} flagged (read git history or edited tests)" if t.get("flagged") else ""
     print(f"{result.out}: {t['success']}/{t['n']} succeeded ({100 * t['accuracy']:.1f}%), "
           f"{result.ran} run now, {result.skipped} already done{flagged}; report in {result.out / 'report.md'}")
+    for fmt, sec in (result.report.get("bfcl") or {}).items():
+        from agentrl.envs.bfcl.scoring import SUMMARY
+
+        tables = sec["leaderboard"]
+        print(f"BFCL ({fmt}): " + ", ".join(f"{col} {tables[t].get(col)}" for t, col in SUMMARY))
     if t["errors"]:
         print(f"{result.out}: {t['errors']} episode(s) ended in an error (counted as failures; SWE predictions are "
               f"empty patches); see the 'error' field in {result.out / 'trajectories.jsonl'}; exit status 1",

@@ -7,6 +7,7 @@ YAML example (``inference:`` section of a run config)::
     dtype: auto              # auto = the checkpoint's dtype (the tiny model is float32)
     max_model_len: 2048
     pause_mode: abort        # weight updates abort in-flight requests (resubmitted by the agent loop) or keep them
+    replicas: 1              # K > 1: K engines as Ray actors behind one router (see agentrl.inference.replicas)
 """
 
 from __future__ import annotations
@@ -36,10 +37,25 @@ class EngineConfig:
     - ``logprobs_mode``: which log-probabilities come back with sampled tokens. ``"processed_logprobs"`` (default):
       of the distribution actually sampled from (after temperature and top-k/top-p), i.e. the behavior policy mu;
       ``"raw_logprobs"``: of the model's unscaled logits. They agree when temperature = 1 and top_p = 1, top_k off.
-    - ``weight_sync`` (remote only): ``"http"`` sends weights to each server's dev-mode ``/collective_rpc``
-      (servers need ``VLLM_SERVER_DEV_MODE=1`` and ``--worker-extension-cls`` = :data:`WORKER_EXTENSION`);
-      ``"file"`` writes one safetensors file under ``weight_dir`` that servers on the same host/file system read;
-      ``"version_only"`` only sets the version label (weights are pushed by something else, e.g. NCCL).
+    - ``weight_sync``: how new weights reach the engines. ``"auto"``: ``"rpc"`` for ``vllm``, ``"http"`` for
+      ``remote``. vllm: ``"rpc"`` hands the trainer's state dict to ``update_weights`` (through Ray's object store
+      to replicas, then vLLM's ``collective_rpc``); ``"nccl"`` (GPU) / ``"gloo"`` (CPU) also start vLLM's
+      weight-transfer engine in every worker, so the trainer can broadcast to them
+      (:mod:`agentrl.inference.weight_transfer`; ``update_weights`` keeps working too). remote: ``"http"`` sends
+      weights to each server's dev-mode ``/collective_rpc`` (servers need ``VLLM_SERVER_DEV_MODE=1`` and
+      ``--worker-extension-cls`` = :data:`WORKER_EXTENSION`); ``"file"`` writes one safetensors file under
+      ``weight_dir`` that servers on the same host/file system read; ``"version_only"`` only sets the version
+      label (weights are pushed by something else).
+    - ``replicas`` (vllm only): ``1`` runs the engine in this process, unless ``weight_sync`` is ``nccl``/``gloo``
+      (the trainer must reach the engine through Ray). ``K > 1`` starts K engines as Ray actors in a placement
+      group, each with ``tensor_parallel_size`` GPUs on GPU hosts, behind one least-loaded, sticky-per-trajectory
+      router (:mod:`agentrl.inference.replicas`).
+    - Placement of replicas (Ray): ``num_cpus`` Ray CPUs per replica (placement only: vLLM's engine core is a
+      child process Ray does not meter; 0.5 lets two CPU replicas share the core a 2-core host has left beside
+      the trainer); ``resources``: extra custom Ray resources per replica (e.g. ``{inference_node: 1}``);
+      ``label_selector``: Ray node labels a replica's node must have (e.g. ``{agentrl/role: inference}``);
+      ``placement_strategy``: the placement group's strategy (``PACK`` fills a node first, ``SPREAD`` spreads
+      best-effort, ``STRICT_*`` insist).
     """
 
     backend: Literal["vllm", "remote"] = "vllm"
@@ -62,8 +78,15 @@ class EngineConfig:
     api_key: str | None = None
     request_timeout_s: float = 600.0
     max_retries: int = 2
-    weight_sync: Literal["http", "file", "version_only"] = "http"
+    weight_sync: Literal["auto", "rpc", "nccl", "gloo", "http", "file", "version_only"] = "auto"
     weight_dir: str | None = None
+    # engine replicas (vllm backend)
+    replicas: int = 1
+    num_cpus: float = 0.5
+    resources: dict[str, float] = field(default_factory=dict)
+    label_selector: dict[str, str] = field(default_factory=dict)
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    start_timeout_s: float = 600.0
 
     def validate(self) -> None:
         if not self.model:
@@ -88,6 +111,34 @@ class EngineConfig:
                 raise ValueError("weight_dir: weight_sync='file' needs a directory the servers can read")
         if self.request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        sync = self.resolved_weight_sync()
+        allowed = ("rpc", "nccl", "gloo") if self.backend == "vllm" else ("http", "file", "version_only")
+        if sync not in allowed:
+            raise ValueError(f"weight_sync: {sync!r} is not for backend {self.backend!r}; use one of {allowed}")
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.backend == "remote" and self.replicas != 1:
+            raise ValueError("replicas: the remote backend routes over its urls; start more servers and list them "
+                             "in urls instead")
+        if self.num_cpus < 0:
+            raise ValueError(f"num_cpus must be >= 0, got {self.num_cpus}")
+        for k, v in self.resources.items():
+            if not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"resources.{k} must be a number >= 0, got {v!r}")
+            if k in ("CPU", "GPU", "memory"):
+                raise ValueError(f"resources.{k}: set CPUs with num_cpus; GPUs follow tensor_parallel_size")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be > 0, got {self.start_timeout_s}")
+
+    def resolved_weight_sync(self) -> str:
+        """``weight_sync`` with ``"auto"`` resolved for the backend."""
+        if self.weight_sync != "auto":
+            return self.weight_sync
+        return "rpc" if self.backend == "vllm" else "http"
+
+    def uses_replica_actors(self) -> bool:
+        """Whether the engines run as Ray actors (:class:`~agentrl.inference.replicas.ReplicatedEngine`)."""
+        return self.backend == "vllm" and (self.replicas > 1 or self.resolved_weight_sync() in ("nccl", "gloo"))
 
     def resolved_model(self) -> str:
         """The model path to load: a tiny variant's name (``"tiny"``, ``"tiny-tool"``) is built (if missing) and
@@ -100,9 +151,15 @@ class EngineConfig:
 
 
 def make_engine(cfg: EngineConfig) -> InferenceEngine:
-    """Builds the backend ``cfg.backend`` names. The vLLM engine starts here (tens of seconds on the CPU); call
-    ``await engine.close()`` when done. Raises ``ValueError`` for an invalid config."""
+    """Builds the backend ``cfg.backend`` names. vLLM engines start here (tens of seconds on the CPU); call
+    ``await engine.close()`` when done. Raises ``ValueError`` for an invalid config, and
+    :class:`~agentrl.inference.placement.ResourceError` when Ray cannot host ``replicas`` (before any model
+    loads)."""
     cfg.validate()
+    if cfg.uses_replica_actors():
+        from agentrl.inference.replicas import ReplicatedEngine
+
+        return ReplicatedEngine(cfg)
     if cfg.backend == "vllm":
         from agentrl.inference.vllm_engine import VLLMEngine
 

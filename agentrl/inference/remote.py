@@ -1,27 +1,32 @@
-"""Remote vLLM servers over HTTP (aiohttp): OpenAI-compatible ``/v1/completions`` with token ids in and token ids
-and log-probabilities out, several servers, least-in-flight load balancing, sticky sessions.
+"""Remote vLLM servers over HTTP (aiohttp): vLLM's token-in/token-out endpoint ``POST /inference/v1/generate``,
+several servers, least-in-flight load balancing with sticky sessions (:class:`agentrl.inference.router.Router`).
 
-Server side (``python -m vllm.entrypoints.openai.api_server`` or ``vllm serve``)::
+Server side (``vllm serve`` or ``python -m vllm.entrypoints.openai.api_server``, vLLM >= 0.32)::
 
-    VLLM_SERVER_DEV_MODE=1 vllm serve MODEL_DIR \\
+    VLLM_SERVER_DEV_MODE=1 vllm serve MODEL_DIR --enable-scale-out \\
         --worker-extension-cls agentrl.inference.vllm_worker.WeightSyncExtension   # for weight_sync="http"/"file"
 
-Requests: ``prompt`` is the token-id list, ``return_token_ids`` gives the generated ids, ``logprobs: 1`` the sampled
-token's log-probability (``token_logprobs``), ``stream: true`` so an aborted request keeps its tokens so far.
+``--enable-scale-out`` turns on ``/inference/v1/generate`` (token ids in, token ids, log-probabilities and weight
+versions out); dev mode turns on ``/pause``, ``/resume``, ``/update_weight_version``, ``/collective_rpc``.
 
-Versions (what is and is not exact): the OpenAI completions API carries no weight version, so this client labels
-each token with the version it has recorded when the token's chunk arrives. Versions change only through
-:meth:`RemoteEngine.update_weights` (or :meth:`set_version` when something else pushes weights), which pauses every
-server first. In ``abort`` mode that labelling is exact (no token crosses an update). In ``keep`` mode a token
-that was sampled just before the pause but whose chunk arrives after the version bump would be labelled new; the
-client therefore bumps its label only after the servers resumed, so the error can only go the other way, and at
-most the tokens of one in-flight chunk per request.
+Versions are exact by construction: each token's version is the weight-version label the server's engine core
+attached to the step that sampled it (the ``weight_versions`` spans of the request's final stream chunk), not
+a label this client keeps. The server label ``"default"`` (never relabelled since start) means ``initial_version``;
+any other label must be an integer (a server labelled otherwise raises :class:`RemoteEngineError`). A request
+whose stream ends without its final chunk (connection cut, cancelled before the server knew its id) returns no
+tokens (``finish_reason="abort"``, the caller resubmits): a token is never returned without its server version.
+So versions stay exact however the servers' labels change -- through :meth:`RemoteEngine.update_weights`, or by a
+trainer that pushes weights itself (vLLM's NCCL weight transfer with ``finish_weight_update(weight_version=...)``).
+
+Aborting: :meth:`RemoteEngine.abort` asks the server to abort (``/inference/v1/abort_requests``); the stream then
+ends with the tokens so far and their versions. A server paused in ``abort`` mode ends in-flight streams the same
+way.
 
 Weight updates, per ``weight_sync``: ``"http"`` POSTs the safetensors bytes (base64) to every server's
 ``/collective_rpc`` (needs dev mode and the worker extension; fine for small models, use NCCL for big ones);
 ``"file"`` writes the state dict once under ``weight_dir`` and asks every server to load that file (same host or
-shared FS); ``"version_only"`` just pauses, sets the label (``/update_weight_version`` on dev-mode servers) and
-resumes. Pausing uses ``/pause?mode=abort|keep`` and ``/resume`` (dev mode).
+shared FS); ``"version_only"`` just pauses, sets the label (``/update_weight_version``) and resumes. Pausing uses
+``/pause?mode=abort|keep`` and ``/resume`` (dev mode).
 """
 
 from __future__ import annotations
@@ -37,27 +42,54 @@ from typing import Any
 
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import EngineConfig
+from agentrl.inference.router import Router
+
+GENERATE_PATH = "/inference/v1/generate"
+ABORT_PATH = "/inference/v1/abort_requests"
 
 
 class RemoteEngineError(RuntimeError):
     """A server answered with an error, or no server could be reached."""
 
 
+def versions_from_spans(spans: Any, n_tokens: int, default_version: int) -> list[int] | None:
+    """One int version per output token from vLLM's weight-version spans (objects with ``version``/``start``/``end``
+    or their JSON dicts). ``"default"`` (a server never relabelled) is ``default_version``. Returns None when the
+    spans do not cover every token exactly once; raises :class:`RemoteEngineError` for a label that is not an int."""
+    out: list[int | None] = [None] * n_tokens
+    for span in spans or []:
+        get = span.get if isinstance(span, dict) else (lambda k, _s=span: getattr(_s, k))
+        label, start, end = get("version"), int(get("start")), int(get("end"))
+        if label == "default":
+            v = default_version
+        else:
+            try:
+                v = int(label)
+            except (TypeError, ValueError):
+                raise RemoteEngineError(
+                    f"weight version label {label!r} is not an integer: agentrl labels weights with its step number; "
+                    "another client relabelled this server") from None
+        if start < 0 or end > n_tokens:
+            return None
+        for k in range(start, end):
+            out[k] = v
+    if any(v is None for v in out):
+        return None
+    return out  # type: ignore[return-value]
+
+
 @dataclass
 class _Server:
     url: str
-    inflight: int = 0
-    sessions: set[str] = field(default_factory=set)
-    healthy: bool = True
 
 
 class RemoteEngine(InferenceEngine):
-    """Generation on one or more vLLM OpenAI-compatible servers.
+    """Generation on one or more vLLM servers (``--enable-scale-out``).
 
-    Routing: a request with a ``session_id`` goes to the server that session used before (its prefix cache holds
-    the conversation so far); a new session or a request without one goes to the server with the fewest requests
-    in flight (ties: fewest sessions, then list order). A server that fails a request is marked unhealthy and its
-    sessions move elsewhere on their next request.
+    Routing (:class:`~agentrl.inference.router.Router`): a request with a ``session_id`` goes to the server that
+    session used before (its prefix cache holds the conversation so far); a new session or a request without one
+    goes to the server with the fewest requests in flight. A server that fails a request is marked unhealthy and
+    its sessions move elsewhere on their next request.
     """
 
     def __init__(
@@ -78,6 +110,7 @@ class RemoteEngine(InferenceEngine):
         if not urls:
             raise ValueError("urls: need at least one server URL")
         self.servers = [_Server(u.rstrip("/")) for u in urls]
+        self.router = Router(len(self.servers))
         self.model = model
         self.model_path = model_path or model
         self.api_key = api_key
@@ -87,10 +120,9 @@ class RemoteEngine(InferenceEngine):
         self.pause_mode = pause_mode
         self.weight_sync = weight_sync
         self.weight_dir = weight_dir
+        self.initial_version = initial_version
         self._version = initial_version
-        self._session_server: dict[str, _Server] = {}
-        self._inflight: dict[str, tuple[_Server, asyncio.Task[Any] | None]] = {}
-        self._aborted: set[str] = set()
+        self._inflight: dict[str, _Request] = {}  # by our request id
         self._http: Any = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
         self._update_lock: asyncio.Lock | None = None
@@ -101,7 +133,7 @@ class RemoteEngine(InferenceEngine):
         model = None if cfg.model == "tiny" else cfg.model
         return cls(cfg.urls, model=model, api_key=cfg.api_key, timeout_s=cfg.request_timeout_s,
                    max_retries=cfg.max_retries, max_model_len=cfg.max_model_len, pause_mode=cfg.pause_mode,
-                   weight_sync=cfg.weight_sync, weight_dir=cfg.weight_dir,
+                   weight_sync=cfg.resolved_weight_sync(), weight_dir=cfg.weight_dir,
                    model_path=cfg.resolved_model() if cfg.model == "tiny" else cfg.model)
 
     # ---- HTTP plumbing --------------------------------------------------------------------------------------
@@ -117,19 +149,6 @@ class RemoteEngine(InferenceEngine):
                 connector=aiohttp.TCPConnector(limit=0))
             self._http_loop = loop
         return self._http
-
-    async def _model_name(self, server: _Server) -> str:
-        """The served model name: ``model`` if given, else the first model the server lists."""
-        import aiohttp
-
-        if self.model is None:
-            try:
-                async with self._session().get(server.url + "/v1/models") as r:
-                    data = await r.json()
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
-                raise _Retryable(str(e)) from e
-            self.model = data["data"][0]["id"]
-        return self.model
 
     async def _post(self, server: _Server, path: str, body: Any = None, params: dict | None = None) -> Any:
         async with self._session().post(server.url + path, json=body, params=params) as r:
@@ -148,48 +167,34 @@ class RemoteEngine(InferenceEngine):
             return await r.json()
 
     # ---- routing --------------------------------------------------------------------------------------------
-    def _pick(self, session_id: str | None) -> _Server:
-        if session_id is not None:
-            s = self._session_server.get(session_id)
-            if s is not None and s.healthy:
-                return s
-        candidates = [s for s in self.servers if s.healthy] or self.servers
-        best = min(candidates, key=lambda s: (s.inflight, len(s.sessions)))
-        if session_id is not None:
-            old = self._session_server.get(session_id)
-            if old is not None:
-                old.sessions.discard(session_id)
-            self._session_server[session_id] = best
-            best.sessions.add(session_id)
-        return best
-
     def server_for(self, session_id: str) -> str | None:
         """The URL a session is pinned to (None before its first request)."""
-        s = self._session_server.get(session_id)
-        return s.url if s else None
+        i = self.router.backend_for(session_id)
+        return None if i is None else self.servers[i].url
 
     def end_session(self, session_id: str) -> None:
-        """Forgets a finished trajectory's pin (keeps the session table small)."""
-        s = self._session_server.pop(session_id, None)
-        if s is not None:
-            s.sessions.discard(session_id)
+        """Forgets a finished trajectory's pin (the router also forgets the oldest pins by itself)."""
+        self.router.end_session(session_id)
 
     # ---- InferenceEngine ------------------------------------------------------------------------------------
     @property
     def version(self) -> int:
+        """The version of the last :meth:`update_weights` (or :meth:`set_version`); tokens carry the servers'."""
         return self._version
 
     def set_version(self, version: int) -> None:
-        """Sets the label for new tokens without touching servers (weights pushed by other means)."""
+        """Records the version new tokens will carry when something else pushed weights and relabelled the
+        servers. Token versions themselves always come from the servers."""
         self._version = version
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None
     ) -> Generation:
-        """Streams a completion of ``prompt_ids`` from one server. Returns ids, per-token log-probs, per-token
-        versions (see the module docstring) and the finish reason; ``"abort"`` (server paused in abort mode,
-        :meth:`abort`, or the stream cut) keeps the tokens received. Connection errors before any token is
-        received are retried on another server up to ``max_retries`` times; HTTP 4xx raises ``ValueError``."""
+        """Streams a continuation of ``prompt_ids`` from one server. Returns ids, per-token log-probs, per-token
+        versions as the server reports them (see the module docstring) and the finish reason; ``"abort"`` (server
+        paused in abort mode, :meth:`abort`) keeps the tokens generated so far. Connection errors before any token
+        is received are retried on another server up to ``max_retries`` times; a request the server rejects
+        (HTTP 4xx) raises ``ValueError``."""
         params.validate()
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
@@ -201,77 +206,84 @@ class RemoteEngine(InferenceEngine):
             max_tokens = min(max_tokens, room)
         attempt = 0
         while True:
-            server = self._pick(session_id)
+            i = self.router.pick(session_id)
             try:
-                return await self._generate_on(server, list(prompt_ids), params, max_tokens, request_id)
+                return await self._generate_on(i, list(prompt_ids), params, max_tokens, request_id)
             except _Retryable as e:
-                server.healthy = False
+                self.router.mark_unhealthy(i)
                 attempt += 1
-                if attempt > self.max_retries or not any(s.healthy for s in self.servers):
-                    for s in self.servers:
-                        s.healthy = True  # give every server another chance next time
+                if attempt > self.max_retries or not any(self.router.healthy):
+                    for k in range(len(self.servers)):
+                        self.router.mark_healthy(k)  # give every server another chance next time
                     raise RemoteEngineError(f"request {request_id}: no server answered ({e})") from e
 
-    async def _generate_on(self, server: _Server, prompt: list[int], params: SamplingParams, max_tokens: int,
-                           request_id: str) -> Generation:
-        import aiohttp
-
-        body: dict[str, Any] = {
-            "model": await self._model_name(server),
-            "prompt": prompt,
+    def _body(self, prompt: list[int], params: SamplingParams, max_tokens: int, request_id: str) -> dict[str, Any]:
+        sp: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "logprobs": 1,
-            "return_token_ids": True,
-            "stream": True,
+            "top_k": params.top_k if params.top_k > 0 else 0,
+            "logprobs": 0,  # the sampled token's log-probability only
             "ignore_eos": params.ignore_eos,
-            "skip_special_tokens": False,
+            "skip_special_tokens": False,  # stop strings may be special tokens (e.g. "<|im_end|>")
         }
-        if params.top_k > 0:
-            body["top_k"] = params.top_k
         if params.stop:
-            body["stop"] = list(params.stop)
+            sp["stop"] = list(params.stop)
         if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)
+            sp["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
-            body["seed"] = params.seed
-        acc = _Stream()
-        server.inflight += 1
-        inner = asyncio.ensure_future(self._stream(server, body, request_id, acc))
-        self._inflight[request_id] = (server, inner)
+            sp["seed"] = params.seed
+        body: dict[str, Any] = {"request_id": request_id, "token_ids": prompt, "sampling_params": sp, "stream": True}
+        if self.model is not None:
+            body["model"] = self.model
+        return body
+
+    async def _generate_on(self, i: int, prompt: list[int], params: SamplingParams, max_tokens: int,
+                           request_id: str) -> Generation:
+        import aiohttp
+
+        server = self.servers[i]
+        req = _Request(server=i)
+        self.router.started(i)
+        req.task = asyncio.ensure_future(self._stream(server, self._body(prompt, params, max_tokens, request_id), req))
+        self._inflight[request_id] = req
         try:
-            await inner
+            await req.task
         except asyncio.CancelledError:
             me = asyncio.current_task()
-            if not (inner.cancelled() and request_id in self._aborted and (me is None or not me.cancelling())):
-                inner.cancel()
+            if not (req.task.cancelled() and req.aborted and (me is None or not me.cancelling())):
+                req.task.cancel()
                 raise
-            acc.finish = "abort"  # abort() cancelled only the stream: keep the tokens received
+            # abort() closed a stream the server did not know by id yet: nothing with a version came back
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
-            if not acc.token_ids and request_id not in self._aborted:
+            if not req.token_ids and not req.aborted:
                 raise _Retryable(str(e)) from e
-            acc.finish = "abort"  # the stream broke after some tokens: return them, the caller may resubmit
         finally:
-            server.inflight -= 1
+            self.router.finished(i)
             self._inflight.pop(request_id, None)
-            aborted = request_id in self._aborted
-            self._aborted.discard(request_id)
-        finish = "abort" if aborted else acc.finish
+        versions = versions_from_spans(req.spans, len(req.token_ids), self.initial_version) if req.done else None
+        if versions is None:
+            # No final chunk (stream cut or closed): these tokens have no server-reported version, so none is
+            # returned; the caller resubmits the prompt.
+            return Generation(token_ids=[], logprobs=[], versions=[], finish_reason="abort")
+        finish = "abort" if req.aborted else req.finish
         reason = finish if finish in ("stop", "length", "abort") else ("abort" if finish is None else "stop")
-        return Generation(token_ids=acc.token_ids, logprobs=acc.logprobs, versions=acc.versions,
-                          finish_reason=reason, stop_reason=acc.stop_reason)  # type: ignore[arg-type]
+        return Generation(token_ids=req.token_ids, logprobs=req.logprobs, versions=versions,
+                          finish_reason=reason, stop_reason=req.stop_reason)  # type: ignore[arg-type]
 
-    async def _stream(self, server: _Server, body: dict[str, Any], request_id: str, acc: "_Stream") -> None:
-        """Reads the SSE stream of one completion into ``acc``; each token is labelled with the version current
-        when its chunk arrives."""
-        async with self._session().post(server.url + "/v1/completions", json=body,
-                                        headers={"X-Request-Id": request_id}) as r:
+    async def _stream(self, server: _Server, body: dict[str, Any], req: "_Request") -> None:
+        """Reads the SSE stream of one request into ``req``; the final chunk carries the weight-version spans."""
+        async with self._session().post(server.url + GENERATE_PATH, json=body) as r:
             if r.status >= 400:
                 text = await r.text()
                 if r.status >= 500:
                     raise _Retryable(f"HTTP {r.status}: {text[:300]}")
-                raise ValueError(f"{server.url}/v1/completions rejected request {request_id}: HTTP {r.status}: {text[:500]}")
+                if r.status in (403, 404):
+                    raise RemoteEngineError(
+                        f"{server.url}{GENERATE_PATH}: HTTP {r.status}: {text[:300]} -- agentrl's remote backend "
+                        "needs vLLM >= 0.32 started with --enable-scale-out (token-in/token-out with weight versions)")
+                raise ValueError(f"{server.url}{GENERATE_PATH} rejected request {body['request_id']}: "
+                                 f"HTTP {r.status}: {text[:500]}")
             async for raw in r.content:
                 line = raw.decode().strip()
                 if not line.startswith("data:"):
@@ -283,33 +295,48 @@ class RemoteEngine(InferenceEngine):
                 if "error" in chunk and not chunk.get("choices"):
                     err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]}
                     if 400 <= int(err.get("code") or 500) < 500:
-                        raise ValueError(f"{server.url}/v1/completions rejected request {request_id}: {err.get('message')}")
-                    raise RemoteEngineError(f"{server.url}: request {request_id} failed: {err.get('message')}")
+                        raise ValueError(f"{server.url}{GENERATE_PATH} rejected request {body['request_id']}: "
+                                         f"{err.get('message')}")
+                    raise RemoteEngineError(f"{server.url}: request {body['request_id']} failed: {err.get('message')}")
+                if req.server_id is None:
+                    req.server_id = chunk.get("request_id")  # the server's id (vLLM prefixes ours)
                 for choice in chunk.get("choices", []):
                     new = list(choice.get("token_ids") or [])
-                    lp = ((choice.get("logprobs") or {}).get("token_logprobs")) or []
-                    acc.token_ids.extend(new)
-                    acc.logprobs.extend(float(x) if x is not None else float("nan") for x in lp[: len(new)])
-                    acc.logprobs.extend([float("nan")] * (len(new) - len(lp)))
-                    acc.versions.extend([self._version] * len(new))
+                    content = ((choice.get("logprobs") or {}).get("content")) or []
+                    req.token_ids.extend(new)
+                    req.logprobs.extend(float(c["logprob"]) if c.get("logprob") is not None else float("nan")
+                                        for c in content[: len(new)])
+                    req.logprobs.extend([float("nan")] * (len(new) - len(content)))
                     if choice.get("finish_reason") is not None:
-                        acc.finish, acc.stop_reason = choice["finish_reason"], choice.get("stop_reason")
+                        req.finish, req.stop_reason = choice["finish_reason"], choice.get("stop_reason")
+                        req.spans, req.done = choice.get("weight_versions"), True
+
+    async def _abort_on(self, server: _Server, server_id: str | None) -> None:
+        if server_id is None:
+            return
+        try:
+            await self._post(server, ABORT_PATH, {"request_ids": [server_id]})
+        except Exception:
+            pass  # the request may have finished meanwhile
 
     async def abort(self, request_id: str) -> None:
-        """Stops one request by closing its stream (vLLM aborts a request whose client disconnects); its
-        ``generate`` returns the tokens received so far with ``finish_reason == "abort"``. Only requests started
-        from the same event loop can be aborted; unknown ids are ignored."""
-        entry = self._inflight.get(request_id)
-        if entry is None:
+        """Stops one request: the server aborts it and its ``generate`` returns the tokens so far (with their
+        versions) and ``finish_reason == "abort"``. A request the server has not acknowledged yet is cut off (it
+        returns no tokens). Only requests started from the same event loop can be aborted; unknown ids are
+        ignored."""
+        req = self._inflight.get(request_id)
+        if req is None or req.task is None or req.task.done():
             return
-        _, stream = entry
-        if stream is not None and not stream.done():
-            self._aborted.add(request_id)
-            stream.cancel()
+        req.aborted = True
+        if req.server_id is not None:
+            await self._abort_on(self.servers[req.server], req.server_id)
+        else:
+            req.task.cancel()  # closing the stream makes the server abort the request
 
     async def update_weights(self, state_dict: dict[str, Any], version: int, *, pause_mode: str | None = None) -> None:
         """Pauses every server (``pause_mode`` or the engine's), loads ``state_dict`` per ``weight_sync``, sets
-        the version label on the servers and here, resumes. Servers are resumed even if loading fails."""
+        the version label on the servers and here, resumes. Servers are resumed even if loading fails. Tokens
+        sampled after the relabel carry ``version`` because the servers say so (module docstring)."""
         if not isinstance(version, int) or isinstance(version, bool):
             raise TypeError(f"version must be an int, got {type(version).__name__}")
         mode = pause_mode or self.pause_mode
@@ -384,10 +411,17 @@ class RemoteEngine(InferenceEngine):
 
 
 @dataclass
-class _Stream:
+class _Request:
+    """One request in flight: the server it went to, its stream task, the server's id for it, what came back."""
+
+    server: int
+    task: asyncio.Task[Any] | None = None
+    server_id: str | None = None
+    aborted: bool = False
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+    spans: Any = None
+    done: bool = False  # the final chunk (with finish reason and version spans) arrived
     finish: str | None = None
     stop_reason: Any = None
 

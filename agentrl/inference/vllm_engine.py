@@ -11,8 +11,11 @@ into one version per token. A weight update sets the label between ``pause`` and
 the version of the weights that computed it.
 
 Weights: :meth:`VLLMEngine.update_weights` serializes the state dict with safetensors and calls the worker
-extension :class:`agentrl.inference.vllm_worker.WeightSyncExtension` through ``collective_rpc`` (works on CPU and
-GPU; vLLM 0.32's own weight-transfer engines are NCCL/CUDA-IPC only).
+extension :class:`agentrl.inference.vllm_worker.WeightSyncExtension` through ``collective_rpc`` (CPU and GPU). The
+same update is also available in phases (``pause`` -> ``load_prepared`` -> ``commit``) for a caller that drives
+several engines at once (:mod:`agentrl.inference.replicas`), and, with ``weight_sync: nccl|gloo``, as vLLM's
+weight-transfer phases (``init_weight_transfer``, ``start_weight_update``, ``receive_weights``,
+``finish_weight_update``, then ``commit``) for a trainer that broadcasts (:mod:`agentrl.inference.weight_transfer`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ from agentrl.inference.config import WORKER_EXTENSION, EngineConfig
 T = TypeVar("T")
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def _check_version(version: Any) -> None:
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TypeError(f"version must be an int, got {type(version).__name__}")
 
 
 def _expand_versions(spans: Any, n_tokens: int, fallback: list[int]) -> list[int]:
@@ -73,6 +81,7 @@ class VLLMEngine(InferenceEngine):
         self._schema: dict[str, tuple[int, ...]] | None = None  # checkpoint tensor shapes, read on first update
         self._request_counter = itertools.count()
         self._update_lock: asyncio.Lock | None = None  # created on the engine loop
+        self._paused_mode = cfg.pause_mode  # the mode of the current phased update (pause .. commit)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-vllm-engine", daemon=True)
         self._thread.start()
@@ -130,6 +139,10 @@ class VLLMEngine(InferenceEngine):
         )
         if self.cfg.max_num_seqs is not None:
             kwargs["max_num_seqs"] = self.cfg.max_num_seqs
+        if self.cfg.resolved_weight_sync() in ("nccl", "gloo"):
+            from agentrl.inference.weight_transfer import vllm_backend_name
+
+            kwargs["weight_transfer_config"] = {"backend": vllm_backend_name(self.cfg.resolved_weight_sync())}
         kwargs.update(self.cfg.extra_engine_args)
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self._update_lock = asyncio.Lock()
@@ -237,15 +250,20 @@ class VLLMEngine(InferenceEngine):
         raises ``ValueError`` before anything pauses), pause (``pause_mode`` or ``cfg.pause_mode``), load on every
         worker, drop KV computed by the old weights, set the version label, resume. Concurrent calls are
         serialized. Returns once new requests are served by the new weights."""
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise TypeError(f"version must be an int, got {type(version).__name__}")
+        _check_version(version)
+        mode = self._pause_mode(pause_mode)
+        payload = await asyncio.to_thread(self.prepare_weights, state_dict)
+        await self._on_engine(self._update(payload, version, mode))
+
+    def _pause_mode(self, pause_mode: str | None) -> str:
         mode = pause_mode or self.cfg.pause_mode
         if mode not in ("abort", "keep"):
             raise ValueError(f"pause_mode must be 'abort' or 'keep', got {mode!r}")
-        payload = await asyncio.to_thread(self._serialize, state_dict)
-        await self._on_engine(self._update(payload, version, mode))
+        return mode
 
-    def _serialize(self, state_dict: dict[str, Any]) -> bytes:
+    def prepare_weights(self, state_dict: dict[str, Any]) -> bytes:
+        """Checks ``state_dict`` against the served checkpoint and returns the payload :meth:`load_prepared` loads
+        (safetensors bytes in the engine's dtype). Raises ``ValueError``/``TypeError`` naming every bad entry."""
         from agentrl.inference.weights import checkpoint_schema, prepare_state_dict, serialize, tied_embeddings
 
         if self._schema is None:
@@ -259,14 +277,88 @@ class VLLMEngine(InferenceEngine):
         async with self._update_lock:
             await self._llm.pause_generation(mode=mode, clear_cache=(mode == "abort"))
             try:
-                await self._llm.collective_rpc("agentrl_load_weights", args=(payload,))
-                # No KV computed by the old weights may serve a new token: in keep mode the frozen requests are
-                # preempted and their KV recomputed with the new weights on resume (their tokens are kept).
-                await self._llm.reset_prefix_cache(reset_running_requests=(mode == "keep"))
-                await self._llm.update_weight_version(str(version))
-                self._version = version
+                await self._load(payload, mode)
+                await self._set_version(version)
             finally:
                 await self._llm.resume_generation()
+
+    async def _load(self, payload: bytes, mode: str) -> None:
+        await self._llm.collective_rpc("agentrl_load_weights", args=(payload,))
+        await self._drop_old_kv(mode)
+
+    async def _drop_old_kv(self, mode: str) -> None:
+        # No KV computed by the old weights may serve a new token: in keep mode the frozen requests are preempted
+        # and their KV recomputed with the new weights on resume (their tokens are kept).
+        await self._llm.reset_prefix_cache(reset_running_requests=(mode == "keep"))
+
+    async def _set_version(self, version: int) -> None:
+        await self._llm.update_weight_version(str(version))
+        self._version = version
+
+    # ---- the same update in phases, for a caller that drives several engines at once (engine replicas) -------
+    # Sequence: pause -> load_prepared (or the weight-transfer phases below) -> commit. Between pause and commit
+    # the engine generates nothing, so no token is labelled with a version its weights do not have.
+    async def pause(self, pause_mode: str | None = None) -> None:
+        """Pauses generation: in ``abort`` mode in-flight requests return their tokens so far; in ``keep`` mode
+        they are frozen until :meth:`commit`."""
+        mode = self._pause_mode(pause_mode)
+        self._paused_mode = mode
+        await self._on_engine(self._llm.pause_generation(mode=mode, clear_cache=(mode == "abort")))
+
+    async def load_prepared(self, payload: bytes) -> None:
+        """Loads a :meth:`prepare_weights` payload on every worker of a paused engine and drops KV computed by the
+        old weights. The version label is unchanged until :meth:`commit`."""
+        await self._on_engine(self._load(payload, self._paused_mode))
+
+    async def commit(self, version: int) -> None:
+        """Labels the weights now loaded ``version`` and resumes generation."""
+        _check_version(version)
+
+        async def run() -> None:
+            try:
+                await self._set_version(version)
+            finally:
+                await self._llm.resume_generation()
+
+        await self._on_engine(run())
+
+    # ---- vLLM's weight-transfer engines (cfg.weight_sync "nccl" / "gloo"): the trainer broadcasts -------------
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Joins the trainer's broadcast group (``init_info``: the backend's worker init info; blocks until the
+        trainer joins too)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        self._require_weight_transfer()
+        await self._on_engine(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info)))
+
+    async def start_weight_update(self, pause_mode: str | None = None) -> None:
+        """Pauses generation (as :meth:`pause`) and starts a weight update on every worker."""
+        self._require_weight_transfer()
+        await self.pause(pause_mode)
+        await self._on_engine(self._llm.start_weight_update())
+
+    async def receive_weights(self, update_info: dict[str, Any]) -> None:
+        """Receives one broadcast round (``update_info``: names, dtypes, shapes) into the model; returns when the
+        trainer's matching broadcast is done."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self._on_engine(self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info)))
+
+    async def finish_weight_update(self) -> None:
+        """Finishes the update on every worker (layer-wise reload's post-processing) and drops old KV. Generation
+        stays paused until :meth:`commit` labels the new weights."""
+
+        async def run() -> None:
+            await self._llm.finish_weight_update()
+            await self._llm.collective_rpc("agentrl_retie_lm_head")
+            await self._drop_old_kv(self._paused_mode)
+
+        await self._on_engine(run())
+
+    def _require_weight_transfer(self) -> None:
+        if self.cfg.resolved_weight_sync() not in ("nccl", "gloo"):
+            raise RuntimeError(f"weight_sync={self.cfg.weight_sync!r}: this engine was started without a weight-transfer "
+                               "engine; set engine.weight_sync to 'nccl' (GPU) or 'gloo' (CPU)")
 
     async def close(self) -> None:
         """Shuts the engine (and its child processes) down; idempotent."""

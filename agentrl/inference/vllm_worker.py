@@ -5,7 +5,8 @@ through ``collective_rpc`` -- in process (``AsyncLLM.collective_rpc``) or on a s
 ``--worker-extension-cls agentrl.inference.vllm_worker.WeightSyncExtension`` (through the dev-mode
 ``POST /collective_rpc`` endpoint, which only passes strings: hence base64 and file-path variants).
 
-Why not vLLM's weight-transfer engines: in 0.32 they are NCCL/CUDA-IPC/RDMA based and do not run on the CPU.
+This is the state-dict path (``engine.weight_sync: rpc``/``http``/``file``). The broadcast path (``nccl``/``gloo``)
+goes through vLLM's weight-transfer engines instead (:mod:`agentrl.inference.weight_transfer`, registered below).
 Why ``reload_weights`` and not ``model.load_weights``: on the CPU, vLLM repacks linear weights after loading (the
 original ``weight`` tensor is removed); ``reload_weights`` restores the layers, loads, and re-runs that processing.
 
@@ -18,6 +19,10 @@ from __future__ import annotations
 import base64
 import hashlib
 from typing import Any
+
+# Registers agentrl's gloo weight-transfer backend with vLLM's factory in this (worker) process, before vLLM
+# creates the worker's weight-transfer engine (engine.weight_sync: gloo).
+import agentrl.inference.weight_transfer  # noqa: F401
 
 
 class WeightSyncExtension:
@@ -44,6 +49,10 @@ class WeightSyncExtension:
 
     def _agentrl_reload(self, tensors: dict[str, Any]) -> None:
         self.model_runner.reload_weights(weights_iterator=list(tensors.items()), is_checkpoint_format=True)
+        self._agentrl_retie_lm_head()
+
+    def agentrl_retie_lm_head(self) -> None:
+        """Public for ``collective_rpc``: after a weight-transfer engine's update (vLLM's layer-wise reload)."""
         self._agentrl_retie_lm_head()
 
     def _agentrl_retie_lm_head(self) -> None:

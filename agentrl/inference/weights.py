@@ -58,19 +58,25 @@ def prepare_state_dict(
         t = t.detach()
         out[name] = (t.to(dtype) if t.is_floating_point() else t).cpu().contiguous()
     if schema is not None:
-        problems = []
-        unknown = sorted(set(out) - set(schema))
-        missing = sorted(set(schema) - set(out))
-        if unknown:
-            problems.append(f"unknown tensors {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
-        if missing:
-            problems.append(f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''} (send the complete state dict)")
-        for name in sorted(set(out) & set(schema)):
-            if tuple(out[name].shape) != schema[name]:
-                problems.append(f"{name}: shape {tuple(out[name].shape)} != checkpoint shape {schema[name]}")
-        if problems:
-            raise ValueError("state_dict does not fit the served model: " + "; ".join(problems))
+        check_shapes({n: tuple(t.shape) for n, t in out.items()}, schema)
     return out
+
+
+def check_shapes(shapes: dict[str, tuple[int, ...]], schema: dict[str, tuple[int, ...]]) -> None:
+    """Raises ``ValueError`` listing unknown names, missing names and shape mismatches of ``shapes`` (name ->
+    shape) against ``schema``."""
+    problems = []
+    unknown = sorted(set(shapes) - set(schema))
+    missing = sorted(set(schema) - set(shapes))
+    if unknown:
+        problems.append(f"unknown tensors {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+    if missing:
+        problems.append(f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''} (send the complete state dict)")
+    for name in sorted(set(shapes) & set(schema)):
+        if tuple(shapes[name]) != tuple(schema[name]):
+            problems.append(f"{name}: shape {tuple(shapes[name])} != checkpoint shape {tuple(schema[name])}")
+    if problems:
+        raise ValueError("state_dict does not fit the served model: " + "; ".join(problems))
 
 
 def serialize(tensors: dict[str, Any]) -> bytes:

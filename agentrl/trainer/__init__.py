@@ -16,7 +16,7 @@ _EXPORTS = {
     "group_advantages": "agentrl.trainer.advantages",
     "policy_loss": "agentrl.trainer.losses",
     "Trainer": "agentrl.trainer.trainer",
-    "find_latest_checkpoint": "agentrl.trainer.trainer",
+    "find_latest_checkpoint": "agentrl.trainer.checkpoint",
     "TrainerWorker": "agentrl.trainer.actor",
     "TrainerActor": "agentrl.trainer.actor",
     "create_trainer_actor": "agentrl.trainer.actor",

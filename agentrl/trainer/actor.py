@@ -9,15 +9,24 @@ cannot call properties remotely, hence ``get_version``); :data:`TrainerActor` is
     weights = ray.get(actor.state_dict_for_inference.remote())         # {hf_name: cpu tensor}
     await engine.update_weights(weights, ray.get(actor.get_version.remote()))
 
+    # or streamed, group by group as they finish (same update as one train_step on all of them):
+    ray.get(actor.start_step.remote())
+    for groups in arriving:
+        ray.get(actor.accumulate.remote(groups))
+    metrics = ray.get(actor.finish_step.remote())
+    records = ray.get(actor.take_logprob_records.remote())            # with trainer.record_logprobs > 0
+
 Data parallelism (not implemented; ``TrainerConfig.world_size > 1`` raises ``NotImplementedError``). The plan it is
 built for: start ``world_size`` ``TrainerActor``s in a placement group, one per GPU; each calls
 ``torch.distributed.init_process_group`` (NCCL; rank 0's address/port handed to all through Ray) and wraps the model
 in ``FullyShardedDataParallel`` (or ``DistributedDataParallel``) before building the optimizer. The controller
 splits each batch into ``world_size`` shards of equal *loss-token* count and calls ``train_step`` on all actors at
-once; the only change inside ``Trainer`` is that the whole-batch normalisers (``num_tokens``/``num_seqs`` passed to
-the loss) become all-reduced sums across ranks, because the loss is already normalised by whole-batch counts and
-gradients are averaged by the collective (so each rank must scale by ``world_size``). ``state_dict_for_inference``
-gathers a full state dict on rank 0 (FSDP ``FULL_STATE_DICT``) and checkpoints save per-rank optimizer shards.
+once. Inside ``Trainer`` the hooks are in place: gradients accumulate as unnormalised sums and are divided by the
+whole-batch normaliser computed from ``Trainer._global_counts`` (an all-reduce SUM once ``Trainer.reducer`` is a
+distributed :class:`~agentrl.trainer.step.Reducer`); the wrapper must SUM the gradients across ranks (not average
+them) or override ``Trainer._reduce_gradients``; metrics are kept as sums and reduced by the same reducer.
+``state_dict_for_inference`` gathers a full state dict on rank 0 (FSDP ``FULL_STATE_DICT``) and checkpoints save
+per-rank optimizer shards.
 """
 
 from __future__ import annotations
@@ -59,6 +68,24 @@ class TrainerWorker:
 
     def compute_logprobs(self, batch: Sequence[Trajectory] | Sequence[Sequence[int]]):  # -> Tensor [B, T]
         return self.trainer.compute_logprobs(batch)
+
+    # Streamed steps (see Trainer.start_step): the controller feeds groups as they finish.
+    def start_step(self) -> None:
+        self.trainer.start_step()
+
+    def accumulate(
+        self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float] | None = None
+    ) -> dict[str, float]:
+        return self.trainer.accumulate(batch, advantages)
+
+    def finish_step(self) -> dict[str, float]:
+        return self.trainer.finish_step()
+
+    def abort_step(self) -> None:
+        self.trainer.abort_step()
+
+    def take_logprob_records(self) -> list[dict[str, Any]]:
+        return self.trainer.take_logprob_records()
 
     def state_dict_for_inference(self, dtype: Any = None) -> dict[str, Any]:
         return self.trainer.state_dict_for_inference(dtype)

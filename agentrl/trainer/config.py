@@ -22,6 +22,12 @@ AdvantageEstimator = Literal["grpo", "grpo_no_std", "rloo"]
 # Losses whose importance weight / ratio involves the engine's behavior log-probs.
 LOSSES_USING_BEHAVIOR: frozenset[str] = frozenset({"decoupled_ppo", "tis", "cispo", "topr"})
 
+# Defaults that depend on the loss when the user leaves the key unset (null). GSPO's are the paper's (Zheng et al.
+# 2025): a sequence-level objective (the mean over sequences) and a clip range of 3e-4 / 4e-4 on the length-normalised
+# sequence ratio; a token-level 0.2 would never bind on a geometric-mean ratio.
+DEFAULT_CLIP_EPS = 0.2
+GSPO_CLIP_LOW, GSPO_CLIP_HIGH = 3e-4, 4e-4
+
 
 @dataclass
 class OptimizerConfig:
@@ -55,7 +61,8 @@ class LossConfig:
       times the truncated IS weight ``min(pi_prox/mu, C)``), ``tis`` (plain policy gradient times
       ``min(pi_prox/mu, C)``), ``cispo``, ``topr``, ``gspo``.
     - ``clip_eps``: PPO/GSPO/CISPO clip range; ``eps_low`` / ``eps_high`` override its lower / upper side
-      (``clip(r, 1 - eps_low, 1 + eps_high)``).
+      (``clip(r, 1 - eps_low, 1 + eps_high)``). Unset (null, the default): 0.2, except GSPO, whose sides default
+      to the paper's 3e-4 / 4e-4 (:attr:`clip_low` / :attr:`clip_high` give the values in force).
     - ``is_cap``: truncation cap C of the IS weight (decoupled_ppo, tis).
     - ``is_level``: importance weights per token, per sequence (product over the sequence's loss tokens) or as the
       geometric mean over the sequence (length-normalised). Applies to the behavior-correction weight of
@@ -65,7 +72,9 @@ class LossConfig:
     - ``ratio_mask``: optional ``[low, high]`` band on the behavior ratio ``pi_prox/mu`` (at ``is_level``); tokens
       (or whole sequences) outside the band contribute no loss. The normaliser is unchanged.
     - ``aggregation``: over the whole optimizer batch: mean over all loss tokens, mean over sequences of the
-      per-sequence token sum, or mean over sequences of the per-sequence token mean.
+      per-sequence token sum, or mean over sequences of the per-sequence token mean. Unset (null, the default):
+      ``token_mean``, except GSPO: ``seq_mean_token_mean`` (the paper's sequence mean, so a long sequence does not
+      weigh more than a short one). :attr:`effective_aggregation` gives the value in force.
     - ``kl_coef`` > 0 adds ``kl_coef * KL(pi_theta || pi_ref)`` (estimator ``kl_estimator`` per token) to a frozen
       reference model loaded from the starting weights.
     - ``entropy_coef`` > 0 subtracts ``entropy_coef * entropy`` (an exploration bonus).
@@ -73,14 +82,14 @@ class LossConfig:
     """
 
     name: LossName = "decoupled_ppo"
-    clip_eps: float = 0.2
+    clip_eps: float | None = None
     eps_low: float | None = None
     eps_high: float | None = None
     is_cap: float = 2.0
     is_level: ISLevel = "token"
     ratio_base: Literal["proximal", "behavior"] = "proximal"
     ratio_mask: list[float] | None = None
-    aggregation: Aggregation = "token_mean"
+    aggregation: Aggregation | None = None
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     entropy_coef: float = 0.0
@@ -88,15 +97,32 @@ class LossConfig:
 
     @property
     def clip_low(self) -> float:
-        return self.clip_eps if self.eps_low is None else self.eps_low
+        """The lower clip range in force: ``eps_low``, else ``clip_eps``, else the loss's default."""
+        if self.eps_low is not None:
+            return self.eps_low
+        if self.clip_eps is not None:
+            return self.clip_eps
+        return GSPO_CLIP_LOW if self.name == "gspo" else DEFAULT_CLIP_EPS
 
     @property
     def clip_high(self) -> float:
-        return self.clip_eps if self.eps_high is None else self.eps_high
+        """The upper clip range in force: ``eps_high``, else ``clip_eps``, else the loss's default."""
+        if self.eps_high is not None:
+            return self.eps_high
+        if self.clip_eps is not None:
+            return self.clip_eps
+        return GSPO_CLIP_HIGH if self.name == "gspo" else DEFAULT_CLIP_EPS
+
+    @property
+    def effective_aggregation(self) -> str:
+        """The aggregation in force: ``aggregation``, else the loss's default (GSPO: ``seq_mean_token_mean``)."""
+        if self.aggregation is not None:
+            return self.aggregation
+        return "seq_mean_token_mean" if self.name == "gspo" else "token_mean"
 
     def validate(self) -> None:
-        if not self.clip_eps > 0:
-            raise ValueError(f"loss.clip_eps must be > 0, got {self.clip_eps}")
+        if self.clip_eps is not None and not self.clip_eps > 0:
+            raise ValueError(f"loss.clip_eps must be > 0 or null, got {self.clip_eps}")
         for name in ("eps_low", "eps_high"):
             v = getattr(self, name)
             if v is not None and not v >= 0:
@@ -143,19 +169,35 @@ class TrainerConfig:
 
     Batching: one :meth:`Trainer.train_step` call consumes a batch of trajectories, splits it into
     ``num_mini_batches`` consecutive mini-batches (one optimizer step each) and repeats that ``ppo_epochs`` times.
-    Each mini-batch is split into micro-batches for gradient accumulation: at most ``micro_batch_size`` sequences,
-    and, when ``micro_batch_tokens`` is set, at most that many padded tokens (``sequences x longest length``; a
-    single longer sequence still forms its own micro-batch). The loss is normalised over the whole mini-batch, so the
-    gradient does not depend on the micro-batch split.
+    Each mini-batch is split into micro-batches for gradient accumulation: sequences sorted by length, at most
+    ``micro_batch_size`` sequences and, when ``micro_batch_tokens`` is set, at most that many tokens (padded
+    layout: ``sequences x longest length``; packed layout: the sum of lengths; a single longer sequence still forms
+    its own micro-batch). The loss is normalised over the whole mini-batch, so the gradient does not depend on the
+    micro-batch split. ``packing: true`` concatenates a micro-batch's sequences into one row whose position ids
+    restart per sequence (transformers then builds the block-diagonal causal mask); ``false`` right-pads them, with
+    no 2-D attention mask since causal attention is already exact for right padding.
 
-    Precision: ``dtype`` is the parameter (and optimizer state) dtype; ``mixed_precision: bf16`` runs forward
-    passes under ``torch.autocast`` in bfloat16 while log-softmax is always taken in float32. On a GPU the usual
-    choice is ``dtype: float32`` + ``mixed_precision: bf16`` (or ``dtype: bfloat16`` to halve memory).
+    Precision: parameters and optimizer state are always float32 (master weights: a bf16 AdamW step at a small
+    learning rate rounds most updates away). ``dtype`` is the compute precision: ``bfloat16`` runs forward and
+    backward passes under ``torch.autocast`` in bfloat16 (``mixed_precision: bf16`` is the older spelling of the
+    same thing); log-softmax and its accumulations are always float32. The frozen reference model (``kl_coef > 0``)
+    is stored in the compute dtype, since no optimizer steps it.
 
-    ``temperature`` divides the logits before the log-softmax so that trainer log-probs are those of the
-    distribution the engine sampled from. ``max_seq_len`` truncates longer trajectories (tail dropped, counted in
-    the ``batch/truncated_seqs`` metric). ``world_size > 1`` (data-parallel trainer actors) is declared for
-    configs but not implemented: the trainer raises ``NotImplementedError``.
+    Log-probs (``logprob_impl``) are computed from the last hidden states in chunks of tokens, never as a full
+    ``[tokens, vocabulary]`` tensor: ``torch`` (our chunked projection + log-softmax + gather with a recomputing
+    backward), ``liger`` (Liger-Kernel's fused linear cross-entropy, Triton; GPU only), ``auto`` (``liger`` on CUDA
+    when it is installed and no gradient of the entropy is needed, else ``torch``), or ``full`` (the model's own
+    full logits: the reference path, and the fallback for heads that are not a plain linear layer, e.g. softcapped
+    logits, which the trainer detects at start).
+
+    Speed: ``compile_layers`` wraps each decoder layer in ``torch.compile`` (GPU; fuses the small ops);
+    ``gradient_checkpointing`` recomputes activations of every ``checkpoint_every``-th decoder layer (1: all).
+
+    ``temperature`` divides the logits before the log-softmax in every log-prob path so that trainer log-probs are
+    those of the distribution the engine sampled from. ``max_seq_len`` truncates longer trajectories (tail dropped,
+    counted in the ``batch/truncated_seqs`` metric). ``record_logprobs``: how many trajectories per step the
+    trainer keeps its log-probs of (:meth:`Trainer.take_logprob_records`). ``world_size > 1`` (data-parallel
+    trainer actors) is declared for configs but not implemented: the trainer raises ``NotImplementedError``.
     """
 
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -163,20 +205,30 @@ class TrainerConfig:
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     micro_batch_size: int = 8
     micro_batch_tokens: int | None = None
+    packing: bool = False
     num_mini_batches: int = 1
     ppo_epochs: int = 1
     max_grad_norm: float | None = 1.0
     dtype: Literal["float32", "bfloat16"] = "float32"
     mixed_precision: Literal["none", "bf16"] = "none"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    logprob_impl: Literal["auto", "torch", "liger", "full"] = "auto"
     temperature: float = 1.0
     max_seq_len: int | None = None
     gradient_checkpointing: bool = False
+    checkpoint_every: int = 1
+    compile_layers: bool = False
     disable_dropout: bool = True
     compute_entropy: bool = True
     log_mismatch_metrics: bool = True
     seed: int = 0
     world_size: int = 1
+    record_logprobs: int = 0  # per train_step, trajectories whose trainer log-probs are kept (agentrl.trainer.records)
+
+    @property
+    def compute_dtype(self) -> str:
+        """``bfloat16`` when forward/backward passes run under bf16 autocast, else ``float32``."""
+        return "bfloat16" if self.dtype == "bfloat16" or self.mixed_precision == "bf16" else "float32"
 
     def validate(self) -> None:
         self.optimizer.validate()
@@ -192,9 +244,13 @@ class TrainerConfig:
             raise ValueError(f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a positive finite number, got {self.temperature}")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ValueError(f"max_seq_len must be >= 2 or null, got {self.max_seq_len}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1 (1 = every decoder layer), got {self.checkpoint_every}")
+        if self.record_logprobs < 0:
+            raise ValueError(f"record_logprobs must be >= 0, got {self.record_logprobs}")
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")

@@ -7,9 +7,10 @@ log-probs (``behav_logp``), ``A`` the advantage, ``C`` the truncation cap. Every
 elsewhere, and values at masked-out positions never influence the result. ``adv`` is ``[B]`` (one advantage per
 trajectory, broadcast to its tokens) or ``[B, T]``.
 
-Each loss returns ``(loss, metrics)``: ``loss`` a 0-dim tensor carrying the gradient, ``metrics`` a dict of Python
-floats (means over loss tokens of this call's batch, so a caller averaging over micro-batches weights them by loss
-tokens; keys ending in ``_max`` are maxima).
+Each loss returns ``(loss, metrics)``: ``loss`` a 0-dim tensor carrying the gradient, ``metrics`` a :class:`Metrics`
+dict of Python floats: means over this call's loss tokens unless ``metrics.weights`` names another population for a
+key (TOPR's ``is/*`` are means over the loss tokens of negative trajectories), so a caller averaging over
+micro-batches weights each key by ``metrics.weights.get(key, loss tokens)``; keys ending in ``_max`` are maxima.
 
 Aggregation (``aggregation``) over the batch:
 - ``token_mean``: sum of per-token losses over all loss tokens / ``num_tokens``
@@ -40,6 +41,19 @@ ISLevel = Literal["token", "sequence", "geometric"]
 
 # Raw IS weights are logged capped here so a wildly off-policy token cannot put inf/NaN in the metrics.
 _LOG_METRIC_CAP = math.log(1e6)
+# k3's log-ratio and value bounds (verl's "low_var_kl" clamps the same way): exp of an unbounded log-ratio overflows
+# (k3 at log p = -95, log q = -1 is inf in float32) and one such token would make the whole step non-finite.
+_K3_LOG_RATIO_CLAMP = 20.0
+_K3_VALUE_CLAMP = 10.0
+
+
+class Metrics(dict):
+    """Float metrics of one loss call. ``weights[key]``, where present, is the number of tokens the mean ``key`` is
+    taken over when that is not this call's loss-token count; a caller combining calls weights by it."""
+
+    def __init__(self, *args, weights: dict[str, float] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.weights: dict[str, float] = dict(weights or {})
 
 
 # --------------------------------------------------------------------------------------------------- helpers
@@ -143,14 +157,17 @@ def ratio_band_mask(
 
 def kl_per_token(logp: Tensor, ref_logp: Tensor, estimator: Literal["k1", "k2", "k3"]) -> Tensor:
     """Per-token estimate of ``KL(pi_theta || pi_ref)`` from samples of ``pi_theta`` (Schulman's k1/k2/k3):
-    k1 ``log p - log q``; k2 ``(log p - log q)^2 / 2``; k3 ``q/p - 1 - log(q/p)`` (unbiased, non-negative)."""
+    k1 ``log p - log q``; k2 ``(log p - log q)^2 / 2``; k3 ``q/p - 1 - log(q/p)`` (unbiased, non-negative).
+    k3's log-ratio ``log(q/p)`` is clamped to [-20, 20] and its value to at most 10, so a token the reference finds
+    wildly unlikely stays finite (and its gradient bounded) instead of making the whole step non-finite."""
     d = logp - ref_logp
     if estimator == "k1":
         return d
     if estimator == "k2":
         return 0.5 * d * d
     if estimator == "k3":
-        return torch.exp(-d) - 1.0 + d
+        log_qp = (-d).clamp(-_K3_LOG_RATIO_CLAMP, _K3_LOG_RATIO_CLAMP)
+        return (torch.exp(log_qp) - 1.0 - log_qp).clamp(max=_K3_VALUE_CLAMP)
     raise ValueError(f"unknown kl estimator {estimator!r}")
 
 
@@ -317,12 +334,17 @@ def topr_loss(
         w = torch.exp(logr.clamp(max=0.0))
         raw = torch.exp(logr.clamp(max=_LOG_METRIC_CAP))
         neg_mask = mask * neg
-        metrics = {
-            "is/weight_mean": masked_mean(raw, neg_mask).item(),
-            "is/weight_max": masked_max(raw, neg_mask).item(),
-            "is/truncated_frac": masked_mean((logr > 0).float(), neg_mask).item(),
-            "topr/neg_frac": masked_mean(neg, mask).item(),
-        }
+        n_neg = float(neg_mask.sum().item())
+        metrics = Metrics(
+            {
+                "is/weight_mean": masked_mean(raw, neg_mask).item(),
+                "is/weight_max": masked_max(raw, neg_mask).item(),
+                "is/truncated_frac": masked_mean((logr > 0).float(), neg_mask).item(),
+                "topr/neg_frac": masked_mean(neg, mask).item(),
+            },
+            # means over negative-trajectory tokens: a micro-batch without any must not dilute them
+            weights={"is/weight_mean": n_neg, "is/truncated_frac": n_neg},
+        )
     weight = torch.where(neg > 0, w.to(logp.dtype), torch.ones_like(logp))
     per = -weight * s * logp
     loss = aggregate(_apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
@@ -373,7 +395,9 @@ def policy_loss(
     needs and did not get. Returns ``(total_loss, metrics)``; metrics add ``loss/policy``, ``loss/kl`` and
     ``kl/ref`` (when ``kl_coef > 0``), ``entropy`` (when given), ``is/masked_frac`` (with ``ratio_mask``), and
     ``mismatch/kl_k1``, ``mismatch/kl_k3`` (estimates of ``KL(mu || pi_prox)`` over loss tokens, when both
-    ``prox_logp`` and ``behav_logp`` are given).
+    ``prox_logp`` and ``behav_logp`` are given). The aggregation and clip ranges are those in force for the loss
+    (:attr:`LossConfig.effective_aggregation`, :attr:`LossConfig.clip_low` / ``clip_high``); ``metrics.weights``
+    carries the denominators of means not taken over all loss tokens.
     """
     name = cfg.name
 
@@ -393,7 +417,8 @@ def policy_loss(
             need(prox_logp, "prox_logp", "ratio_mask"), need(behav_logp, "behav_logp", "ratio_mask"),
             mask, cfg.ratio_mask, cfg.is_level,
         )
-    agg = dict(aggregation=cfg.aggregation, num_tokens=num_tokens, num_seqs=num_seqs, keep=keep)
+    aggregation = cfg.effective_aggregation
+    agg = dict(aggregation=aggregation, num_tokens=num_tokens, num_seqs=num_seqs, keep=keep)
     if name == "ppo":
         loss, metrics = ppo_clip_loss(logp, old, adv, mask, eps_low=cfg.clip_low, eps_high=cfg.clip_high, **agg)
     elif name == "decoupled_ppo":
@@ -420,19 +445,20 @@ def policy_loss(
         loss, metrics = gspo_loss(logp, old, adv, mask, eps_low=cfg.clip_low, eps_high=cfg.clip_high, **agg)
     else:
         raise ValueError(f"unknown loss {name!r}")
+    metrics = metrics if isinstance(metrics, Metrics) else Metrics(metrics)
     metrics["loss/policy"] = float(loss.detach().item())
     total = loss
     agg_only = dict(num_tokens=num_tokens, num_seqs=num_seqs)
     if cfg.kl_coef > 0:
         kl = kl_per_token(logp, need(ref_logp, "ref_logp", "kl_coef > 0"), cfg.kl_estimator)
-        kl_loss = aggregate(kl, mask, cfg.aggregation, **agg_only)
+        kl_loss = aggregate(kl, mask, aggregation, **agg_only)
         total = total + cfg.kl_coef * kl_loss
         metrics["loss/kl"] = float(kl_loss.detach().item())
         metrics["kl/ref"] = masked_mean(kl.detach(), mask).item()
     if entropy is not None:
         metrics["entropy"] = masked_mean(entropy.detach(), mask).item()
         if cfg.entropy_coef > 0:
-            total = total - cfg.entropy_coef * aggregate(entropy, mask, cfg.aggregation, **agg_only)
+            total = total - cfg.entropy_coef * aggregate(entropy, mask, aggregation, **agg_only)
     if keep is not None:
         metrics["is/masked_frac"] = masked_mean(1.0 - keep, mask).item()
     if prox_logp is not None and behav_logp is not None:

@@ -1,30 +1,35 @@
-"""The trainer: a transformers causal LM, AdamW, micro-batched policy-gradient steps on trajectories.
+"""The trainer: a transformers causal LM with float32 master weights, AdamW, and micro-batched policy-gradient steps
+on trajectories. Plain Python (no Ray): :mod:`agentrl.trainer.actor` wraps it as a Ray actor.
 
-Plain Python (no Ray): :mod:`agentrl.trainer.actor` wraps it as a Ray actor.
+Flow of one :meth:`Trainer.train_step`: trajectories are validated and tensorised (:mod:`.batching`); the
+proximal log-probs (the weights at step start) are recomputed without gradient when the loss or the metrics need
+them and several optimizer steps follow (with one mini-batch and one epoch the training forward's own detached
+log-probs are the proximal ones, so that pass is skipped); then, per mini-batch and epoch, micro-batches (length
+sorted, padded or packed) run forward and backward, and one optimizer step follows. Log-probs come from the last
+hidden states in vocabulary chunks (:mod:`.logprobs`), never as a full ``[tokens, vocabulary]`` tensor.
 
-Data layout. A trajectory of ``n`` tokens gives ``T = n - 1`` target positions: position ``t`` predicts
-``token_ids[t + 1]`` from ``token_ids[: t + 1]``, so every per-token field of the trajectory is shifted by one
-(``loss_mask[1:]``, ``logprobs[1:]``, ``versions[1:]``). Sequences are right-padded with token 0 under an attention
-mask; padded positions have mask 0 and never reach the loss.
+Normalisation. Micro-batch losses are *sums* of per-token (or per-sequence) terms; their gradients accumulate
+unnormalised and are divided by the whole optimizer batch's normaliser (loss tokens for ``token_mean``, sequences
+with a loss token for the sequence means) just before clipping and stepping. The normaliser comes from counts
+that pass through :meth:`Trainer._global_counts`, the one place a data-parallel trainer turns per-rank counts into
+all-reduced sums; everything else reported is kept as sums in :class:`~agentrl.trainer.step.StepSums` and reduced
+the same way. Because nothing is divided before the end, a step can also be fed in parts as groups arrive
+(:meth:`Trainer.start_step` / :meth:`Trainer.accumulate` / :meth:`Trainer.finish_step`) with the same result.
 
 Versions. ``version`` counts weight updates: it starts at 0 (or the checkpoint's) and increases by exactly one per
-:meth:`Trainer.train_step` or :meth:`Trainer.sft_step` call, whatever ``num_mini_batches``/``ppo_epochs`` are, so
-the weights after the call are "version v" for the engine. ``optimizer_steps`` counts optimizer steps.
+``train_step``, ``sft_step`` or ``finish_step`` call, whatever ``num_mini_batches``/``ppo_epochs`` are, so the
+weights after the call are "version v" for the engine. ``optimizer_steps`` counts optimizer steps.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import math
 import os
 import random
-import shutil
 import time
-import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,164 +38,67 @@ import torch
 from torch import Tensor
 
 from agentrl.config import from_dict, to_dict
+from agentrl.trainer import checkpoint as ckpt
 from agentrl.trainer.advantages import compute_advantages
+from agentrl.trainer.batching import MicroBatch, Seq, collate, mini_batches, pad_rows, prepare_sequences
+from agentrl.trainer.batching import scoring_sequences, split_micro
+from agentrl.trainer.checkpoint import find_latest_checkpoint  # noqa: F401  (public API, re-exported)
 from agentrl.trainer.config import TrainerConfig
-from agentrl.trainer.losses import policy_loss
+from agentrl.trainer.losses import Metrics, policy_loss
+from agentrl.trainer.model import choose_logprob_impl, configure_layers, has_active_dropout, load_causal_lm
+from agentrl.trainer.model import micro_batch_logprobs
+from agentrl.trainer.step import LocalReducer, RecordSampler, Reducer, StepSums, add_batch_stats
+from agentrl.trainer.step import finish_batch_stats
 from agentrl.trajectory import Group, Trajectory
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = 1
-_STATE_FILE = "trainer_state.json"
-# Files of the source model directory that are not weights; copied next to checkpointed weights so that a
-# checkpoint's model/ directory is a complete HF model (tokenizer, chat template) the engine can load.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+# Loss terms reported per optimizer step (divided by the step's normaliser, then averaged over optimizer steps).
+_LOSS_KEYS_PREFIX = ("loss", "sft/nll")
+
+LossFn = Callable[[MicroBatch, Tensor, "Tensor | None", "Tensor | None"], tuple[Tensor, Metrics]]
 
 
 @dataclass
-class _Seq:
-    """One trajectory prepared for training. Token tensors have length ``n``; per-target tensors ``n - 1``."""
+class _GradState:
+    """One optimizer step's gradient accumulation on this worker: unnormalised loss sums and the counts the
+    normaliser is made of."""
 
-    ids: Tensor  # [n] long
-    mask: Tensor  # [n-1] float, loss mask of the targets
-    behav: Tensor  # [n-1] float, engine log-probs of the targets
-    versions: Tensor  # [n-1] long, -1 on non-generated targets
-    adv: float
-    reward: float
-    prox: Tensor | None = None  # [n-1]
-    ref: Tensor | None = None  # [n-1]
-
-    @property
-    def length(self) -> int:
-        return int(self.ids.numel())
+    loss_tokens: float = 0.0
+    loss_seqs: float = 0.0
+    finite: bool = True
+    loss_sums: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
-class _Micro:
-    """A padded micro-batch. ``L`` = longest sequence, ``T = L - 1``."""
+class _Stream:
+    """A streamed step in progress (:meth:`Trainer.start_step`)."""
 
-    input_ids: Tensor  # [b, L]
-    attention_mask: Tensor  # [b, L]
-    mask: Tensor  # [b, T]
-    behav: Tensor  # [b, T]
-    adv: Tensor  # [b]
-    reward: Tensor  # [b]
-    prox: Tensor | None  # [b, T]
-    ref: Tensor | None  # [b, T]
-    num_tokens: int  # real (unpadded) tokens
+    t_start: float
+    sums: StepSums
+    grad: _GradState
+    sampler: RecordSampler
+    groups: set[str] = field(default_factory=set)
+    calls: int = 0
 
 
-def _pad(rows: list[Tensor], length: int, value: float | int, dtype: torch.dtype) -> Tensor:
-    out = torch.full((len(rows), length), value, dtype=dtype)
-    for i, r in enumerate(rows):
-        out[i, : r.numel()] = r
-    return out
-
-
-def _collate(seqs: list[_Seq], device: torch.device) -> _Micro:
-    L = max(s.length for s in seqs)
-    T = L - 1
-
-    def opt(rows: list[Tensor | None]) -> Tensor | None:
-        if any(r is None for r in rows):
-            return None
-        return _pad(rows, T, 0.0, torch.float32).to(device)  # type: ignore[arg-type]
-
-    attn = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        attn[i, : s.length] = 1
-    return _Micro(
-        input_ids=_pad([s.ids for s in seqs], L, 0, torch.long).to(device),
-        attention_mask=attn.to(device),
-        mask=_pad([s.mask for s in seqs], T, 0.0, torch.float32).to(device),
-        behav=_pad([s.behav for s in seqs], T, 0.0, torch.float32).to(device),
-        adv=torch.tensor([s.adv for s in seqs], dtype=torch.float32, device=device),
-        reward=torch.tensor([s.reward for s in seqs], dtype=torch.float32, device=device),
-        prox=opt([s.prox for s in seqs]),
-        ref=opt([s.ref for s in seqs]),
-        num_tokens=sum(s.length for s in seqs),
-    )
-
-
-def _split_micro(seqs: list[_Seq], max_seqs: int, max_tokens: int | None) -> list[list[_Seq]]:
-    """Groups ``seqs`` (sorted by length, longest first, to limit padding) into micro-batches of at most
-    ``max_seqs`` sequences and at most ``max_tokens`` padded tokens (a longer single sequence stays alone)."""
-    order = sorted(range(len(seqs)), key=lambda i: -seqs[i].length)
-    out: list[list[_Seq]] = []
-    cur: list[_Seq] = []
-    cur_max = 0
-    for i in order:
-        s = seqs[i]
-        new_max = max(cur_max, s.length)
-        if cur and (len(cur) >= max_seqs or (max_tokens is not None and new_max * (len(cur) + 1) > max_tokens)):
-            out.append(cur)
-            cur, new_max = [], s.length
-        cur.append(s)
-        cur_max = new_max
-    if cur:
-        out.append(cur)
-    return out
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            with open(os.path.join(dirpath, f), "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(Path(dirpath))
-
-
-def find_latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    """Returns the complete checkpoint directory under ``root`` with the highest ``optimizer_steps`` (then
-    ``version``), or ``None``. A directory counts only if it holds ``trainer_state.json`` (the whole directory is
-    renamed into place at once); temp directories (``.name.tmp-*``) are ignored, and a moved-aside ``.name.old-*``
-    copy counts only when ``name`` itself is missing (a crash between the two renames of a replacing save)."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    best: tuple[tuple[int, int], Path] | None = None
-    for d in root.iterdir():
-        if not d.is_dir():
-            continue
-        if d.name.startswith("."):
-            # A replacing save moves the old copy aside as ".name.old-*" just before renaming the new one in;
-            # a crash between the two renames leaves only the aside copy, which is still a complete checkpoint.
-            base, sep, _ = d.name[1:].rpartition(".old-")
-            if not sep or (root / base).exists():
-                continue
-        try:
-            st = json.loads((d / _STATE_FILE).read_text())
-            key = (int(st["optimizer_steps"]), int(st["version"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if best is None or key > best[0]:
-            best = (key, d)
-    return None if best is None else best[1]
+def _flatten(batch: Sequence[Trajectory] | Sequence[Group]) -> list[Trajectory]:
+    if batch and isinstance(batch[0], Group):
+        return [t for g in batch for t in g.trajectories]  # type: ignore[union-attr]
+    return list(batch)  # type: ignore[arg-type]
 
 
 class Trainer:
-    """Holds the policy model, its optimizer and (when ``loss.kl_coef > 0``) a frozen reference model.
+    """Holds the policy model (float32 parameters), its optimizer and (when ``loss.kl_coef > 0``) a frozen reference
+    model.
 
     Construct with a validated :class:`TrainerConfig` and the path of a HF causal LM directory. Raises
-    ``ValueError`` for an invalid config and ``NotImplementedError`` for ``world_size > 1``.
+    ``ValueError`` for an invalid config (naming the key) and ``NotImplementedError`` for ``world_size > 1``.
+    ``reducer`` (default :class:`~agentrl.trainer.step.LocalReducer`) is the data-parallel hook: see
+    :meth:`_global_counts`.
     """
 
     def __init__(self, config: TrainerConfig, model_path: str | os.PathLike) -> None:
-        from transformers import AutoModelForCausalLM
-
         if isinstance(config, dict):
             config = from_dict(TrainerConfig, config, "trainer config")
         config.validate()
@@ -207,154 +115,113 @@ class Trainer:
             if config.device == "cuda" and not torch.cuda.is_available():
                 raise ValueError("device: cuda was requested but torch.cuda.is_available() is False")
             self.device = torch.device(config.device)
-        self._param_dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
+        self._compute_dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
+        if self.device.type == "cuda":
+            if not torch.cuda.is_initialized():
+                # fp32 master weights + bf16 activations of varying shapes fragment the caching allocator
+                # (seen: OOM at step 2 on an H100 without this)
+                os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+            # cuDNN attention re-plans for every new sequence length (variable-length batches: 1.7x slower step)
+            torch.backends.cuda.enable_cudnn_sdp(False)
 
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=self._param_dtype)
-        self.model.to(self.device)
-        self.model.config.use_cache = False
-        if config.disable_dropout:
-            self._disable_dropout(self.model)
-        if config.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+        # Master weights are float32 whatever config.dtype says: bf16 parameters under AdamW at small learning
+        # rates lose most updates to rounding (issue 12: 1.9 % of weights changed after 10 steps at lr 1e-6).
+        self.model = load_causal_lm(self.model_path, dtype=torch.float32, device=self.device,
+                                    disable_dropout=config.disable_dropout)
+        self._has_dropout = has_active_dropout(self.model)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-
+        self._impl = choose_logprob_impl(config, self.model, self.vocab_size, self.device)
+        configure_layers(self.model, config)
         self.ref_model = None
         if config.loss.kl_coef > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(str(self.model_path), dtype=self._param_dtype)
-            self.ref_model.to(self.device).eval()
-            self.ref_model.config.use_cache = False
-            self._disable_dropout(self.ref_model)
+            # Frozen: no optimizer steps it, so it is stored in the compute dtype.
+            self.ref_model = load_causal_lm(self.model_path, dtype=self._compute_dtype, device=self.device,
+                                            disable_dropout=True).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
 
         opt = config.optimizer
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=opt.lr,
-            betas=(float(opt.betas[0]), float(opt.betas[1])),
-            eps=opt.eps,
+            self._params(), lr=opt.lr, betas=(float(opt.betas[0]), float(opt.betas[1])), eps=opt.eps,
             weight_decay=opt.weight_decay,
         )
+        self.reducer: Reducer = LocalReducer()
         self._version = 0
         self._optimizer_steps = 0
+        self._last_lr: float | None = None
+        self._stream: _Stream | None = None
+        self._records: list[dict] = []
 
     # ------------------------------------------------------------------------------------------ properties
     @property
     def version(self) -> int:
-        """Number of weight updates applied (train_step and sft_step calls), restored from checkpoints."""
+        """Number of weight updates applied (train_step, sft_step and finish_step calls), restored from
+        checkpoints."""
         return self._version
 
     @property
     def optimizer_steps(self) -> int:
         return self._optimizer_steps
 
-    # --------------------------------------------------------------------------------------------- helpers
-    @staticmethod
-    def _disable_dropout(model: torch.nn.Module) -> None:
-        # Dropout would make the proximal (no-grad) and training forward passes disagree for identical weights.
-        for m in model.modules():
-            if isinstance(m, torch.nn.Dropout):
-                m.p = 0.0
-            if hasattr(m, "attention_dropout") and isinstance(m.attention_dropout, float):
-                m.attention_dropout = 0.0
+    @property
+    def logprob_impl(self) -> str:
+        """The log-prob path in use: ``torch``, ``liger`` or ``full`` (see :mod:`agentrl.trainer.logprobs`)."""
+        return self._impl
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.config.mixed_precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    @property
+    def step_in_progress(self) -> bool:
+        """True between :meth:`start_step` and :meth:`finish_step` / :meth:`abort_step`."""
+        return self._stream is not None
+
+    # ----------------------------------------------------------------------------------------------- setup
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def _lr(self) -> float:
+        """The learning rate the next optimizer step uses."""
         opt = self.config.optimizer
         if opt.warmup_steps > 0:
             return opt.lr * min(1.0, (self._optimizer_steps + 1) / opt.warmup_steps)
         return opt.lr
 
-    def _forward(
-        self, model: torch.nn.Module, mb: _Micro, *, entropy: bool, entropy_grad: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        """Returns ``logp: [b, T]`` of the targets (float32, temperature-scaled) and, if asked, ``entropy: [b, T]``
-        of the full next-token distribution (with gradient only if ``entropy_grad``)."""
-        with self._autocast():
-            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        logits = out.logits[:, :-1].float()  # [b, T, V]
-        if self.config.temperature != 1.0:
-            logits = logits / self.config.temperature
-        logsm = torch.log_softmax(logits, dim=-1)
-        logp = logsm.gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [b, T]
-        ent = None
-        if entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                ent = -(logsm.exp() * logsm).sum(-1)
-        return logp, ent
+    # ------------------------------------------------------------------------------------------- log-probs
+    def _forward(self, model: torch.nn.Module, mb: MicroBatch, *, entropy: bool,
+                 entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Returns ``logp: [b, T]`` of the targets (float32, at ``config.temperature``) and, if asked,
+        ``entropy: [b, T]`` (with gradient only if ``entropy_grad``)."""
+        return micro_batch_logprobs(model, mb, impl=self._impl, compute_dtype=self._compute_dtype,
+                                    temperature=self.config.temperature, entropy=entropy, entropy_grad=entropy_grad)
 
-    def _prepare(
-        self, trajectories: Sequence[Trajectory], advantages: Sequence[float] | None
-    ) -> tuple[list[_Seq], dict[str, float]]:
-        """Validates and tensorises the batch. Invalid trajectories (misaligned fields, token ids outside the
-        vocabulary, fewer than 2 tokens) are dropped with a warning and counted; trajectories longer than
-        ``max_seq_len`` lose their tail. Raises ``ValueError`` if nothing trainable remains."""
-        if advantages is not None and len(advantages) != len(trajectories):
-            raise ValueError(f"got {len(advantages)} advantages for {len(trajectories)} trajectories")
-        max_len = self.config.max_seq_len
-        seqs: list[_Seq] = []
-        dropped = truncated = 0
-        for i, t in enumerate(trajectories):
-            try:
-                t.validate()
-                if len(t.token_ids) < 2:
-                    raise ValueError(f"trajectory {t.id}: needs at least 2 tokens, has {len(t.token_ids)}")
-                bad = [x for x in t.token_ids if not 0 <= x < self.vocab_size]
-                if bad:
-                    raise ValueError(f"trajectory {t.id}: token id {bad[0]} outside vocabulary [0, {self.vocab_size})")
-                adv = 0.0 if advantages is None else float(advantages[i])
-                if not math.isfinite(adv) or not math.isfinite(float(t.reward)):
-                    raise ValueError(f"trajectory {t.id}: non-finite advantage {adv} or reward {t.reward}")
-                behav = [float(x) for x in t.logprobs]
-                if any(not math.isfinite(x) for x, m in zip(behav, t.loss_mask) if m):
-                    raise ValueError(f"trajectory {t.id}: non-finite behavior logprob on a generated token")
-            except ValueError as e:
-                log.warning("dropping trajectory from the batch: %s", e)
-                dropped += 1
-                continue
-            # A segmented trajectory (template mode "split") is one sequence per segment, each with exactly its own
-            # context and the trajectory's advantage.
-            for a, b in t.segment_slices():
-                if b - a < 2:
-                    continue
-                n = b - a
-                if max_len is not None and n > max_len:
-                    n = max_len
-                    truncated += 1
-                lm = t.loss_mask[a + 1:a + n]
-                seqs.append(
-                    _Seq(
-                        ids=torch.tensor(t.token_ids[a:a + n], dtype=torch.long),
-                        mask=torch.tensor(lm, dtype=torch.float32),
-                        behav=torch.tensor([x if m else 0.0 for x, m in zip(behav[a + 1:a + n], lm)],
-                                           dtype=torch.float32),
-                        versions=torch.tensor(t.versions[a + 1:a + n], dtype=torch.long),
-                        adv=adv,
-                        reward=float(t.reward),
-                    )
-                )
-        if not seqs:
-            raise ValueError(f"no trainable trajectory in a batch of {len(trajectories)} ({dropped} invalid)")
-        info = {"batch/dropped_invalid": float(dropped), "batch/truncated_seqs": float(truncated)}
-        return seqs, info
+    def _micro_batches(self, seqs: list[Seq]) -> list[list[Seq]]:
+        cfg = self.config
+        return split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens, packing=cfg.packing)
 
     @torch.no_grad()
-    def _fill_logprobs(self, seqs: list[_Seq], model: torch.nn.Module, attr: str) -> None:
+    def _fill_logprobs(self, seqs: list[Seq], model: torch.nn.Module, attr: str,
+                       sampler: RecordSampler | None = None) -> None:
         model.eval()
-        for group in _split_micro(seqs, self.config.micro_batch_size, self.config.micro_batch_tokens):
-            mb = _collate(group, self.device)
+        for group in self._micro_batches(seqs):
+            mb = collate(group, self.device, packing=self.config.packing)
             logp, _ = self._forward(model, mb, entropy=False)
             logp = logp.float().cpu()
             for j, s in enumerate(group):
                 setattr(s, attr, logp[j, : s.length - 1].clone())
+            if sampler is not None:
+                self._offer_records(sampler, mb, logp)
+
+    def _offer_records(self, sampler: RecordSampler, mb: MicroBatch, logp: Tensor) -> None:
+        for j, s in enumerate(mb.seqs):
+            slot = sampler.slot()
+            if slot is not None:
+                sampler.put(slot, s.traj_id, self._version, logp[j, : s.length - 1])
+
+    def _new_sampler(self) -> RecordSampler:
+        # A private RNG: sampling must not move the global RNG states that checkpoints restore.
+        return RecordSampler(self.config.record_logprobs, random.Random(f"records:{self.config.seed}:{self._version}"))
 
     # ------------------------------------------------------------------------------------------ public API
     @torch.no_grad()
@@ -372,19 +239,157 @@ class Trainer:
                 out[i, a:b - 1] = row[: b - a - 1]
             return out
         ids = [list(b.token_ids) if isinstance(b, Trajectory) else list(b) for b in batch]
-        for i, x in enumerate(ids):
-            if len(x) < 2:
-                raise ValueError(f"sequence {i}: needs at least 2 tokens, has {len(x)}")
-            if any(not 0 <= v < self.vocab_size for v in x):
-                raise ValueError(f"sequence {i}: token id outside vocabulary [0, {self.vocab_size})")
-        seqs = [
-            _Seq(ids=torch.tensor(x, dtype=torch.long), mask=torch.ones(len(x) - 1), behav=torch.zeros(len(x) - 1),
-                 versions=torch.zeros(len(x) - 1, dtype=torch.long), adv=0.0, reward=0.0)
-            for x in ids
-        ]
+        seqs = scoring_sequences(ids, self.vocab_size)
+        was_training = self.model.training
         self._fill_logprobs(seqs, self.model, "prox")
+        self.model.train(was_training)
         T = max(len(x) for x in ids) - 1
-        return _pad([s.prox for s in seqs], T, 0.0, torch.float32)  # type: ignore[misc]
+        return pad_rows([s.prox for s in seqs], T, 0.0, torch.float32)  # type: ignore[misc]
+
+    def take_logprob_records(self) -> list[dict]:
+        """Returns and clears the log-prob records of the last step: for a uniform sample of up to
+        ``config.record_logprobs`` of its trained trajectories, ``{"trajectory_id": str, "version": int,
+        "logprobs": list[float]}``, where ``version`` is the version of the weights that computed them (the
+        step's starting weights) and ``logprobs[t]`` is the trainer's ``log pi(token_ids[t+1] | token_ids[:t+1])``
+        at the training temperature, for every position ``t = 0 .. n-2`` (``n`` tokens; after ``max_seq_len``
+        truncation). They are the step's own proximal (or first training-forward) log-probs: no extra pass. With
+        several mini-batches and no proximal pass, only the first mini-batch is sampled. Empty when
+        ``record_logprobs`` is 0."""
+        out, self._records = self._records, []
+        return out
+
+    def _prox_reusable(self) -> bool:
+        """True when the proximal policy is the current one during the whole backward: one optimizer step per
+        ``train_step`` and a deterministic forward (no active dropout)."""
+        cfg = self.config
+        return cfg.num_mini_batches == 1 and cfg.ppo_epochs == 1 and not self._has_dropout
+
+    def _needs_prox(self) -> bool:
+        return self.config.loss.needs_proximal or self.config.log_mismatch_metrics
+
+    def _rl_loss(self, prox_from_forward: bool) -> LossFn:
+        cfg = self.config
+
+        def fn(mb: MicroBatch, logp: Tensor, ent: Tensor | None, _: Tensor | None) -> tuple[Tensor, Metrics]:
+            prox = logp.detach() if prox_from_forward else mb.prox
+            # num_tokens = num_seqs = 1: sums; the step's normaliser divides the gradient in _apply_update
+            return policy_loss(cfg.loss, logp=logp, mask=mb.mask, adv=mb.adv, prox_logp=prox, behav_logp=mb.behav,
+                               reward=mb.reward, ref_logp=mb.ref, entropy=ent, num_tokens=1.0, num_seqs=1.0)
+
+        return fn
+
+    def _backward(self, seqs: list[Seq], loss_fn: LossFn, grad: _GradState, sums: StepSums, *,
+                  loss_key: str = "loss", entropy: bool = False, entropy_grad: bool = False,
+                  sampler: RecordSampler | None = None) -> None:
+        """Forward and backward over micro-batches of ``seqs``, accumulating unnormalised gradients, loss sums
+        and counts into ``grad`` and token-weighted metrics into ``sums``. Stops at the first non-finite loss
+        (``grad.finite`` becomes False; the optimizer step will be skipped)."""
+        if not grad.finite:
+            return
+        self.model.train()
+        for group in self._micro_batches(seqs):
+            mb = collate(group, self.device, packing=self.config.packing)
+            logp, ent = self._forward(self.model, mb, entropy=entropy, entropy_grad=entropy_grad)
+            if sampler is not None:
+                self._offer_records(sampler, mb, logp.detach())
+            loss, m = loss_fn(mb, logp, ent, None)
+            if not torch.isfinite(loss):
+                log.warning("non-finite loss in a micro-batch: the optimizer step will be skipped")
+                grad.finite = False
+                return
+            loss.backward()
+            w = float(mb.mask.sum())
+            grad.loss_tokens += w
+            grad.loss_seqs += float((mb.mask.sum(-1) > 0).sum())
+            grad.loss_sums[loss_key] = grad.loss_sums.get(loss_key, 0.0) + float(loss.detach())
+            weights = getattr(m, "weights", {})
+            for k, v in m.items():
+                if k.startswith("loss/"):
+                    grad.loss_sums[k] = grad.loss_sums.get(k, 0.0) + v
+                elif k.endswith("_max"):
+                    sums.add_max(k, v)
+                else:
+                    sums.add_mean(k, v, weights.get(k, w))
+
+    def _global_counts(self, local: dict[str, float]) -> dict[str, float]:
+        """THE place where this worker's counts become whole-batch counts: ``{"loss_tokens", "loss_seqs",
+        "nonfinite"}`` in, the same keys summed over every worker out (here: one worker, unchanged). The loss
+        normaliser of every optimizer step is computed from its result and nowhere else.
+
+        Data parallelism (issue 10) hooks in here: set ``self.reducer`` to an all-reducing
+        :class:`~agentrl.trainer.step.Reducer` (``torch.distributed.all_reduce`` SUM / MAX). Gradients reaching
+        :meth:`_apply_update` are unnormalised sums over this worker's tokens, so the data-parallel wrapper must
+        SUM them across ranks (FSDP2: ``set_gradient_divide_factor(1.0)``; DDP: a SUM comm hook), or override
+        :meth:`_reduce_gradients`; reported metrics go through the same reducer."""
+        return self.reducer.sum(local)
+
+    def _reduce_gradients(self) -> None:
+        """Hook: makes ``p.grad`` the sum over all workers (no-op with one worker, or when the data-parallel
+        wrapper already reduced them during backward)."""
+
+    def _apply_update(self, grad: _GradState, sums: StepSums, aggregation: str) -> bool:
+        """Normalises the accumulated gradient by the whole batch's normaliser, clips it and steps. Returns
+        whether an optimizer step happened (not for no loss token, a non-finite loss or gradient norm)."""
+        cfg = self.config
+        counts = self._global_counts({"loss_tokens": grad.loss_tokens, "loss_seqs": grad.loss_seqs,
+                                      "nonfinite": 0.0 if grad.finite else 1.0})
+        params = self._params()
+        denom = counts["loss_tokens"] if aggregation == "token_mean" else counts["loss_seqs"]
+        ok = counts["nonfinite"] == 0 and counts["loss_tokens"] > 0
+        gnorm = math.nan
+        if ok:
+            self._reduce_gradients()
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / denom)
+            max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+            gnorm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            ok = math.isfinite(gnorm)
+            if not ok:
+                log.warning("skipping an optimizer step: non-finite gradient norm")
+        if ok:
+            lr = self._lr()
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr
+            self.optimizer.step()
+            self._optimizer_steps += 1
+            self._last_lr = lr
+            for k, v in grad.loss_sums.items():
+                sums.add_total(k, v / denom)
+            sums.add_mean("grad_norm", gnorm, 1.0)
+            sums.optimizer_steps += 1
+        else:
+            sums.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return ok
+
+    def _finish(self, sums: StepSums, sampler: RecordSampler, t_start: float) -> dict[str, float]:
+        """Ends a step: whole-batch metrics, ``lr`` (the one the step's last optimizer step used), version += 1,
+        timing, and the step's log-prob records."""
+        steps = sums.optimizer_steps
+        divide = {k: float(max(steps, 1)) for k in sums.totals if k.startswith(_LOSS_KEYS_PREFIX)}
+        out = finish_batch_stats(sums.result(self.reducer, divide=divide))
+        out["train/skipped_steps"] = float(sums.skipped_steps)
+        out["lr"] = self._last_lr if steps > 0 and self._last_lr is not None else self._lr()
+        self._version += 1
+        elapsed = time.perf_counter() - t_start
+        out["perf/step_s"] = elapsed
+        out["perf/tokens_per_s"] = out.get("batch/num_tokens", 0.0) / max(elapsed, 1e-9)
+        out["version"] = float(self._version)
+        out["optimizer_steps"] = float(self._optimizer_steps)
+        self._records = sampler.take()
+        return out
+
+    def _check_no_stream(self, what: str) -> None:
+        if self._stream is not None:
+            raise RuntimeError(f"{what} while a streamed step is open: call finish_step() or abort_step() first")
+
+    def _start_sums(self, info: dict[str, float], seqs: list[Seq]) -> StepSums:
+        sums = StepSums()
+        for k, v in info.items():
+            sums.add_total(k, v)
+        add_batch_stats(sums, seqs, self._version)
+        return sums
 
     def train_step(
         self,
@@ -394,234 +399,182 @@ class Trainer:
         """One policy update on ``batch`` (trajectories, or groups flattened in order).
 
         ``advantages``: one per trajectory (aligned with the flattened batch); when ``None`` they are computed with
-        ``config.advantage`` per group (``Group`` objects, or trajectories grouped by ``group_id``). At the start of
-        the step the proximal log-probs (and reference log-probs if ``kl_coef > 0``) are recomputed without
-        gradient. Then ``ppo_epochs`` x ``num_mini_batches`` optimizer steps follow, each accumulating gradients
-        over micro-batches with the loss normalised over the whole mini-batch, clipping the gradient norm to
-        ``max_grad_norm``. A mini-batch whose loss or gradient norm is not finite, or which has no loss token, is
-        skipped (``train/skipped_steps``). ``version`` increases by one.
+        ``config.advantage`` per group (``Group`` objects, or trajectories grouped by ``group_id``). The proximal
+        log-probs are those of the weights at step start: recomputed without gradient when several optimizer
+        steps follow (or dropout is active), else taken from the training forward itself; the reference
+        log-probs (``kl_coef > 0``) are computed without gradient. Then ``ppo_epochs`` x ``num_mini_batches``
+        optimizer steps follow, each accumulating gradients over micro-batches with the loss normalised over the
+        whole mini-batch and the gradient norm clipped to ``max_grad_norm``. A mini-batch whose loss or gradient
+        norm is not finite, or which has no loss token, is skipped (``train/skipped_steps``). ``version`` increases
+        by one.
 
-        Returns flat float metrics: ``loss``, ``loss/policy``, ``loss/kl``, ``kl/ref``, ``grad_norm``, ``lr``,
-        ``entropy``, ``ratio/clip_frac``, ``ratio/mean``, ``is/weight_mean``, ``is/weight_max``,
-        ``is/truncated_frac``, ``is/masked_frac``, ``mismatch/kl_k1``, ``mismatch/kl_k3`` (``KL(mu || pi_prox)``),
-        ``staleness/mean``, ``staleness/max``, ``staleness/hist/<k>`` (share of loss tokens ``k`` versions old),
-        ``reward/{mean,std,min,max}``, ``adv/{mean,std,min,max,zero_frac}``, ``batch/{num_seqs,num_tokens,
-        loss_tokens,mean_seq_len,dropped_invalid,truncated_seqs}``, ``perf/{step_s,prox_s,tokens_per_s}``,
-        ``train/skipped_steps``, ``version``, ``optimizer_steps`` (keys absent when they do not apply).
+        Returns flat float metrics: ``loss``, ``loss/policy``, ``loss/kl``, ``kl/ref``, ``grad_norm``, ``lr`` (of
+        the step's last optimizer step), ``entropy``, ``ratio/clip_frac``, ``ratio/mean``, ``is/weight_mean``,
+        ``is/weight_max``, ``is/truncated_frac``, ``is/masked_frac``, ``mismatch/kl_k1``, ``mismatch/kl_k3``
+        (``KL(mu || pi_prox)``), ``staleness/mean``, ``staleness/max``, ``staleness/hist/<k>`` (share of loss
+        tokens ``k`` versions old), ``reward/{mean,std,min,max}``, ``adv/{mean,std,min,max,zero_frac}``,
+        ``batch/{num_seqs,num_tokens,loss_tokens,mean_seq_len,dropped_invalid,truncated_seqs}``,
+        ``perf/{step_s,prox_s,tokens_per_s}``, ``train/skipped_steps``, ``version``, ``optimizer_steps`` (keys
+        absent when they do not apply).
         """
+        self._check_no_stream("train_step")
         t_start = time.perf_counter()
-        trajs: list[Trajectory] = (
-            [t for g in batch for t in g.trajectories] if batch and isinstance(batch[0], Group) else list(batch)  # type: ignore[union-attr]
-        )
+        trajs = _flatten(batch)
         if not trajs:
             raise ValueError("train_step got an empty batch")
         if advantages is None:
             advantages = compute_advantages(batch, self.config.advantage)  # type: ignore[arg-type]
-        seqs, metrics = self._prepare(trajs, advantages)
-        metrics.update(self._batch_stats(seqs))
-        seqs = [s for s in seqs if s.mask.sum() > 0]  # nothing to learn from the others; skip their forward
+        seqs, info = prepare_sequences(trajs, advantages, vocab_size=self.vocab_size,
+                                       max_seq_len=self.config.max_seq_len)
+        sums = self._start_sums(info, seqs)
+        seqs = [s for s in seqs if s.loss_tokens > 0]  # nothing to learn from the others; skip their forward
         cfg = self.config
-        need_prox = cfg.loss.needs_proximal or cfg.log_mismatch_metrics
+        sampler = self._new_sampler()
+        reuse = self._prox_reusable()
+        prox_pass = bool(seqs) and self._needs_prox() and not reuse
         t_prox = time.perf_counter()
-        if seqs and need_prox:
-            self._fill_logprobs(seqs, self.model, "prox")
+        if prox_pass:
+            self._fill_logprobs(seqs, self.model, "prox", sampler)
         if seqs and self.ref_model is not None:
             self._fill_logprobs(seqs, self.ref_model, "ref")
-        metrics["perf/prox_s"] = time.perf_counter() - t_prox
+        sums.add_total("perf/prox_s", time.perf_counter() - t_prox)
 
-        mini = self._mini_batches(seqs)
-        sums: dict[str, float] = {}
-        weights: dict[str, float] = {}
-        maxima: dict[str, float] = {}
-        losses: dict[str, list[float]] = {}
-        grad_norms: list[float] = []
-        skipped = 0
+        loss_fn = self._rl_loss(prox_from_forward=reuse and self._needs_prox())
+        mini = mini_batches(seqs, cfg.num_mini_batches)
+        entropy = cfg.compute_entropy or cfg.loss.entropy_coef > 0
+        first = True
         for _ in range(cfg.ppo_epochs):
             for mb_seqs in mini:
-                res = self._optimizer_step(mb_seqs, sums, weights, maxima)
-                if res is None:
-                    skipped += 1
-                    continue
-                mb_losses, gnorm = res
-                grad_norms.append(gnorm)
-                for k, v in mb_losses.items():
-                    losses.setdefault(k, []).append(v)
-        for k, v in sums.items():
-            metrics[k] = v / max(weights[k], 1e-12)
-        metrics.update(maxima)
-        for k, vs in losses.items():
-            metrics[k] = sum(vs) / len(vs)
-        if grad_norms:
-            metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-        metrics["train/skipped_steps"] = float(skipped + (0 if mini else 1))
-        return self._finish_step(metrics, t_start)
-
-    def _finish_step(self, metrics: dict[str, float], t_start: float) -> dict[str, float]:
-        """Bumps ``version`` (one per train_step / sft_step) and adds the per-step lr, timing and counters."""
-        metrics["lr"] = self._lr()
-        self._version += 1
-        elapsed = time.perf_counter() - t_start
-        metrics["perf/step_s"] = elapsed
-        metrics["perf/tokens_per_s"] = metrics["batch/num_tokens"] / max(elapsed, 1e-9)
-        metrics["version"] = float(self._version)
-        metrics["optimizer_steps"] = float(self._optimizer_steps)
-        return metrics
-
-    def _mini_batches(self, seqs: list[_Seq]) -> list[list[_Seq]]:
-        if not seqs:
-            return []
-        k = min(self.config.num_mini_batches, len(seqs))
-        size, rem = divmod(len(seqs), k)
-        out, start = [], 0
-        for i in range(k):
-            end = start + size + (1 if i < rem else 0)
-            out.append(seqs[start:end])
-            start = end
-        return out
-
-    def _optimizer_step(
-        self,
-        seqs: list[_Seq],
-        sums: dict[str, float],
-        weights: dict[str, float],
-        maxima: dict[str, float],
-    ) -> tuple[dict[str, float], float] | None:
-        """Accumulates gradients over micro-batches of ``seqs`` and steps. Returns the mini-batch's loss terms and
-        gradient norm, or ``None`` if the step was skipped (non-finite loss/gradient or no loss tokens)."""
-        cfg = self.config
-        num_tokens = float(sum(float(s.mask.sum()) for s in seqs))
-        num_seqs = float(sum(1 for s in seqs if s.mask.sum() > 0))
-        if num_tokens == 0:
-            return None
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        want_entropy = cfg.compute_entropy or cfg.loss.entropy_coef > 0
-        loss_terms: dict[str, float] = {}
-        finite = True
-        local_sums: dict[str, float] = {}
-        local_w: dict[str, float] = {}
-        local_max: dict[str, float] = {}
-        for group in _split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens):
-            mb = _collate(group, self.device)
-            logp, ent = self._forward(self.model, mb, entropy=want_entropy, entropy_grad=cfg.loss.entropy_coef > 0)
-            loss, m = policy_loss(
-                cfg.loss, logp=logp, mask=mb.mask, adv=mb.adv, prox_logp=mb.prox, behav_logp=mb.behav,
-                reward=mb.reward, ref_logp=mb.ref, entropy=ent, num_tokens=num_tokens, num_seqs=num_seqs,
-            )
-            if not torch.isfinite(loss):
-                finite = False
-                break
-            loss.backward()
-            w = float(mb.mask.sum())
-            loss_terms["loss"] = loss_terms.get("loss", 0.0) + float(loss.detach())
-            for k, v in m.items():
-                if k.startswith("loss/"):
-                    # Already normalised by the whole mini-batch: the micro-batch shares add up.
-                    loss_terms[k] = loss_terms.get(k, 0.0) + v
-                elif k.endswith("_max"):
-                    local_max[k] = max(local_max.get(k, -math.inf), v)
-                else:
-                    local_sums[k] = local_sums.get(k, 0.0) + v * w
-                    local_w[k] = local_w.get(k, 0.0) + w
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if finite:
-            max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-            gnorm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-            finite = math.isfinite(gnorm)
-        if not finite:
-            log.warning("skipping an optimizer step: non-finite loss or gradient norm")
-            self.optimizer.zero_grad(set_to_none=True)
-            return None
-        lr = self._lr()
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self._optimizer_steps += 1
-        for k, v in local_sums.items():
-            sums[k] = sums.get(k, 0.0) + v
-            weights[k] = weights.get(k, 0.0) + local_w[k]
-        for k, v in local_max.items():
-            maxima[k] = max(maxima.get(k, -math.inf), v)
-        return loss_terms, gnorm
-
-    def _batch_stats(self, seqs: list[_Seq]) -> dict[str, float]:
-        """Reward, advantage, size and staleness statistics of the prepared batch (before any update)."""
-        out: dict[str, float] = {}
-        rewards = np.array([s.reward for s in seqs], dtype=np.float64)
-        adv = np.array([s.adv for s in seqs], dtype=np.float64)
-        for name, arr in (("reward", rewards), ("adv", adv)):
-            out[f"{name}/mean"] = float(arr.mean())
-            out[f"{name}/std"] = float(arr.std())
-            out[f"{name}/min"] = float(arr.min())
-            out[f"{name}/max"] = float(arr.max())
-        out["adv/zero_frac"] = float(np.mean(np.abs(adv) < 1e-8))
-        lengths = [s.length for s in seqs]
-        out["batch/num_seqs"] = float(len(seqs))
-        out["batch/num_tokens"] = float(sum(lengths))
-        out["batch/mean_seq_len"] = float(np.mean(lengths))
-        vers = torch.cat([s.versions[s.mask > 0] for s in seqs])
-        out["batch/loss_tokens"] = float(vers.numel())
-        if vers.numel():
-            stale = (self._version - vers).numpy()
-            out["staleness/mean"] = float(stale.mean())
-            out["staleness/max"] = float(stale.max())
-            values, counts = np.unique(stale, return_counts=True)
-            for v, c in zip(values, counts):
-                out[f"staleness/hist/{int(v)}"] = float(c) / stale.size
-        return out
+                grad = _GradState()
+                self.optimizer.zero_grad(set_to_none=True)
+                self._backward(mb_seqs, loss_fn, grad, sums, entropy=entropy, entropy_grad=cfg.loss.entropy_coef > 0,
+                               sampler=sampler if first and not prox_pass else None)
+                first = False
+                self._apply_update(grad, sums, cfg.loss.effective_aggregation)
+        if not mini:
+            sums.skipped_steps += 1
+        return self._finish(sums, sampler, t_start)
 
     def sft_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """One supervised step: mean negative log-likelihood over all loss-mask tokens of the batch (micro-batched,
         gradient-clipped), for warm starts on scripted demonstrations. ``version`` increases by one. Returns
         ``sft/nll`` (before the update), ``grad_norm``, ``lr``, ``batch/*``, ``perf/step_s``, ``perf/tokens_per_s``,
         ``version``, ``optimizer_steps``, ``train/skipped_steps``."""
+        self._check_no_stream("sft_step")
         t_start = time.perf_counter()
         if not trajectories:
             raise ValueError("sft_step got an empty batch")
-        seqs, metrics = self._prepare(list(trajectories), None)
-        metrics["batch/num_seqs"] = float(len(seqs))
-        metrics["batch/num_tokens"] = float(sum(s.length for s in seqs))
-        seqs = [s for s in seqs if s.mask.sum() > 0]
-        num_tokens = float(sum(float(s.mask.sum()) for s in seqs))
-        metrics["batch/loss_tokens"] = num_tokens
-        cfg = self.config
-        skipped = 1.0
-        if num_tokens > 0:
-            self.model.train()
-            self.optimizer.zero_grad(set_to_none=True)
-            nll_total = 0.0
-            ok = True
-            for group in _split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens):
-                mb = _collate(group, self.device)
-                logp, _ = self._forward(self.model, mb, entropy=False)
-                loss = -(logp * mb.mask).sum() / num_tokens
-                if not torch.isfinite(loss):
-                    ok = False
-                    break
-                loss.backward()
-                nll_total += float(loss.detach())
-            if ok:
-                max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-                gnorm = float(torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.model.parameters() if p.requires_grad], max_norm))
-                ok = math.isfinite(gnorm)
-            if ok:
-                for g in self.optimizer.param_groups:
-                    g["lr"] = self._lr()
-                self.optimizer.step()
-                self._optimizer_steps += 1
-                skipped = 0.0
-                metrics["sft/nll"] = nll_total
-                metrics["grad_norm"] = gnorm
-            self.optimizer.zero_grad(set_to_none=True)
-        metrics["train/skipped_steps"] = skipped
-        return self._finish_step(metrics, t_start)
+        seqs, info = prepare_sequences(list(trajectories), None, vocab_size=self.vocab_size,
+                                       max_seq_len=self.config.max_seq_len)
+        sums = StepSums()
+        for k, v in info.items():
+            sums.add_total(k, v)
+        sums.add_total("batch/num_seqs", float(len(seqs)))
+        sums.add_total("batch/num_tokens", float(sum(s.length for s in seqs)))
+        seqs = [s for s in seqs if s.loss_tokens > 0]
+        sums.add_total("batch/loss_tokens", float(sum(s.loss_tokens for s in seqs)))
 
+        def nll(mb: MicroBatch, logp: Tensor, ent: Tensor | None, _: Tensor | None) -> tuple[Tensor, Metrics]:
+            return -(logp * mb.mask).sum(), Metrics()
+
+        sampler = self._new_sampler()
+        grad = _GradState()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._backward(seqs, nll, grad, sums, loss_key="sft/nll", sampler=sampler)
+        self._apply_update(grad, sums, "token_mean")
+        return self._finish(sums, sampler, t_start)
+
+    # ---------------------------------------------------------------------------------- streamed steps
+    def start_step(self) -> None:
+        """Opens a streamed step: :meth:`accumulate` groups as they arrive, then :meth:`finish_step`.
+
+        The result equals one :meth:`train_step` on all accumulated groups (same parameters up to float rounding)
+        because each micro-batch's loss is a sum of per-token or per-sequence terms whose whole-batch normaliser
+        (loss tokens for ``token_mean``, sequences for the sequence means; KL and entropy terms share it) is only
+        applied to the accumulated gradient in :meth:`finish_step`. That holds for every loss and aggregation here
+        with ``num_mini_batches: 1`` and ``ppo_epochs: 1``: the weights do not move until the end, so the proximal
+        policy is the current one. Several mini-batches or epochs need the whole batch before the first optimizer
+        step and are refused (``ValueError``). Advantages are computed per :meth:`accumulate` call, so each call
+        must carry whole groups (a group seen again in the same step is refused).
+        Raises ``RuntimeError`` if a streamed step is already open."""
+        self._check_no_stream("start_step")
+        cfg = self.config
+        if cfg.num_mini_batches != 1 or cfg.ppo_epochs != 1:
+            raise ValueError(
+                f"streamed accumulation needs num_mini_batches: 1 and ppo_epochs: 1 (got {cfg.num_mini_batches} and "
+                f"{cfg.ppo_epochs}): several optimizer steps per batch need the whole batch first; use train_step")
+        self.optimizer.zero_grad(set_to_none=True)
+        self._stream = _Stream(t_start=time.perf_counter(), sums=StepSums(), grad=_GradState(),
+                               sampler=self._new_sampler())
+
+    def accumulate(self, batch: Sequence[Trajectory] | Sequence[Group],
+                   advantages: Sequence[float] | None = None) -> dict[str, float]:
+        """Adds whole groups to the open streamed step: forward and backward per micro-batch, gradients kept
+        unnormalised. ``batch`` and ``advantages`` as in :meth:`train_step`. Returns ``accumulate/seqs``,
+        ``accumulate/loss_tokens`` and ``accumulate/s`` of this call. Raises ``RuntimeError`` outside a streamed
+        step and ``ValueError`` for an empty or untrainable batch or a group already accumulated in this step
+        (nothing of that call is accumulated then)."""
+        st = self._stream
+        if st is None:
+            raise RuntimeError("accumulate() outside a streamed step: call start_step() first")
+        t0 = time.perf_counter()
+        trajs = _flatten(batch)
+        if not trajs:
+            raise ValueError("accumulate got an empty batch")
+        gids = ({g.id for g in batch} if isinstance(batch[0], Group)  # type: ignore[union-attr]
+                else {t.group_id for t in trajs})
+        if advantages is None and gids & st.groups:
+            raise ValueError(f"group {sorted(gids & st.groups)[0]!r} was already accumulated in this step: "
+                             "advantages are per group, so each accumulate() call must carry whole groups")
+        if advantages is None:
+            advantages = compute_advantages(batch, self.config.advantage)  # type: ignore[arg-type]
+        seqs, info = prepare_sequences(trajs, advantages, vocab_size=self.vocab_size,
+                                       max_seq_len=self.config.max_seq_len)
+        st.groups |= gids
+        st.calls += 1
+        for k, v in info.items():
+            st.sums.add_total(k, v)
+        add_batch_stats(st.sums, seqs, self._version)
+        seqs = [s for s in seqs if s.loss_tokens > 0]
+        cfg = self.config
+        reuse = not self._has_dropout  # the weights do not move until finish_step
+        prox_pass = bool(seqs) and self._needs_prox() and not reuse
+        if prox_pass:
+            self._fill_logprobs(seqs, self.model, "prox", st.sampler)
+        if seqs and self.ref_model is not None:
+            self._fill_logprobs(seqs, self.ref_model, "ref")
+        self._backward(seqs, self._rl_loss(prox_from_forward=reuse and self._needs_prox()), st.grad, st.sums,
+                       entropy=cfg.compute_entropy or cfg.loss.entropy_coef > 0,
+                       entropy_grad=cfg.loss.entropy_coef > 0, sampler=None if prox_pass else st.sampler)
+        return {"accumulate/seqs": float(len(seqs)), "accumulate/loss_tokens": float(sum(s.loss_tokens for s in seqs)),
+                "accumulate/s": time.perf_counter() - t0}
+
+    def finish_step(self) -> dict[str, float]:
+        """Closes the streamed step: normalises the accumulated gradient by the whole step's counts, clips it,
+        steps the optimizer (skipped, as in :meth:`train_step`, without loss tokens or with a non-finite loss or
+        gradient) and increases ``version`` by one. Returns the metrics :meth:`train_step` would. Raises
+        ``RuntimeError`` outside a streamed step."""
+        st = self._stream
+        if st is None:
+            raise RuntimeError("finish_step() outside a streamed step: call start_step() first")
+        self._stream = None
+        self._apply_update(st.grad, st.sums, self.config.loss.effective_aggregation)
+        return self._finish(st.sums, st.sampler, st.t_start)
+
+    def abort_step(self) -> None:
+        """Drops the open streamed step (accumulated gradients and metrics); weights and ``version`` stay. A no-op
+        when no step is open."""
+        self._stream = None
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ---------------------------------------------------------------------------------- weights, checkpoints
     def state_dict_for_inference(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """Returns ``{name: tensor}`` with the HF parameter/buffer names of the model (``model.layers.0...``,
-        ``lm_head.weight`` also present when tied), detached CPU copies (optionally cast to ``dtype``), safe to
-        ship while the trainer keeps stepping."""
+        ``lm_head.weight`` also present when tied), detached CPU copies, safe to ship while the trainer keeps
+        stepping. Floating tensors are cast to ``dtype``; by default to bfloat16 when the trainer computes in
+        bfloat16 (what the engine runs; half the bytes of the float32 master weights), else left float32."""
+        if dtype is None and self._compute_dtype == torch.bfloat16:
+            dtype = torch.bfloat16
         out: dict[str, Tensor] = {}
         for name, t in self.model.state_dict().items():
             t = t.detach()
@@ -630,96 +583,25 @@ class Trainer:
             out[name] = t.to("cpu", copy=True).contiguous()
         return out
 
-    # ------------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
-        """Writes model (HF ``save_pretrained`` under ``path/model``, with the source model's tokenizer files),
-        optimizer state, RNG states (python, numpy, torch, CUDA), ``optimizer_steps``, ``version`` and the config to
-        ``path``, atomically: everything goes to a temp directory next to ``path`` that is fsynced and renamed into
-        place, so a crash mid-save leaves the previous checkpoint (or none), never a partial one. An existing
-        ``path`` is replaced (it is moved aside first and deleted after the rename). Returns ``path``."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Leftovers of saves to this path that were killed mid-way (one trainer saves a given path at a time).
-        for stale in path.parent.glob(f".{path.name}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tag = uuid.uuid4().hex[:8]
-        tmp = path.parent / f".{path.name}.tmp-{tag}"
-        tmp.mkdir()
-        try:
-            self.model.save_pretrained(str(tmp / "model"), safe_serialization=True)
-            if self.model_path.is_dir():
-                for f in self.model_path.iterdir():
-                    if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and not (tmp / "model" / f.name).exists():
-                        shutil.copy2(f, tmp / "model" / f.name)
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            rng = {
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            }
-            torch.save(rng, tmp / "rng.pt")
-            state = {
-                "format": CHECKPOINT_FORMAT,
-                "optimizer_steps": self._optimizer_steps,
-                "version": self._version,
-                "config": to_dict(self.config),
-                "source_model_path": str(self.model_path),
-                "saved_at": time.time(),
-            }
-            (tmp / _STATE_FILE).write_text(json.dumps(state, indent=2))
-            _fsync_tree(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        old = None
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{tag}"
-            os.rename(path, old)
-        os.rename(tmp, path)
-        _fsync_dir(path.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return path
+        """Writes model (HF ``save_pretrained`` under ``path/model``, float32, with the source model's tokenizer
+        files), optimizer state, RNG states (python, numpy, torch, CUDA), ``optimizer_steps``, ``version`` and the
+        config to ``path``, atomically (see :mod:`agentrl.trainer.checkpoint`): a crash mid-save leaves the previous
+        checkpoint (or none), never a partial one. An existing ``path`` is replaced. Returns ``path``. Raises
+        ``RuntimeError`` while a streamed step is open (its gradients are not part of a checkpoint)."""
+        self._check_no_stream("save_checkpoint")
+        state = {"optimizer_steps": self._optimizer_steps, "version": self._version, "config": to_dict(self.config)}
+        return ckpt.save(path, model=self.model, optimizer=self.optimizer, source_model_path=self.model_path,
+                         state=state)
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """Restores model weights, optimizer state, RNG states, ``optimizer_steps`` and ``version`` from a
-        directory written by :meth:`save_checkpoint`. If ``path`` is missing because a crash hit between the two
-        renames of a replacing save, the moved-aside copy (``.name.old-*``) is used. Returns the saved state
-        (``optimizer_steps``, ``version``, ``config`` as a dict, ...). Raises ``FileNotFoundError`` /
-        ``ValueError`` for a missing or incompatible checkpoint."""
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        if not (path / _STATE_FILE).exists():
-            aside = sorted(path.parent.glob(f".{path.name}.old-*")) if path.parent.is_dir() else []
-            aside = [d for d in aside if (d / _STATE_FILE).exists()]
-            if not aside:
-                raise FileNotFoundError(f"no complete checkpoint at {path} ({_STATE_FILE} missing)")
-            path = aside[-1]
-        state = json.loads((path / _STATE_FILE).read_text())
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{path}: checkpoint format {state.get('format')} != {CHECKPOINT_FORMAT}")
-        files = sorted((path / "model").glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{path / 'model'}: no *.safetensors weights")
-        sd: dict[str, Tensor] = {}
-        for f in files:
-            sd.update(load_file(str(f)))
-        missing, unexpected = self.model.load_state_dict(sd, strict=False)
-        if unexpected:
-            raise ValueError(f"{path}: weights not in the model: {sorted(unexpected)[:5]}")
-        loaded_ptrs = {self.model.state_dict()[k].data_ptr() for k in sd}
-        really_missing = [k for k in missing if self.model.state_dict()[k].data_ptr() not in loaded_ptrs]
-        if really_missing:  # tied weights (lm_head <- embed_tokens) are legitimately absent from the file
-            raise ValueError(f"{path}: checkpoint lacks weights {really_missing[:5]}")
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True))
-        rng = torch.load(path / "rng.pt", weights_only=False)  # our own file: holds numpy/python state objects
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if rng.get("cuda") and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        directory written by :meth:`save_checkpoint` (or its moved-aside copy after a crash between the renames
+        of a replacing save). Returns the saved state (``optimizer_steps``, ``version``, ``config`` as a dict,
+        ...). Raises ``FileNotFoundError`` / ``ValueError`` for a missing or incompatible checkpoint."""
+        self._check_no_stream("load_checkpoint")
+        state = ckpt.load(path, model=self.model, optimizer=self.optimizer, device=self.device)
         self._optimizer_steps = int(state["optimizer_steps"])
         self._version = int(state["version"])
+        self._last_lr = None
         return state

@@ -48,46 +48,52 @@ def slow_env(tmp_path: Path, n: int, delay: float, concurrency: int) -> tuple[Pa
 
 def test_cli_oracle_and_empty_on_bfcl_and_tool_use(tmp_path):
     out = tmp_path / "oracle"
-    r = agentrl_eval("--env", "bfcl", "--env", "tool-use", "--policy", "oracle", "--limit", "25", "--out", str(out),
+    r = agentrl_eval("--env", "bfcl", "--env", "tool-use", "--policy", "oracle", "--limit", "8", "--out", str(out),
                      "--no-progress")
     assert r.returncode == 0, r.stderr
     report = json.loads((out / "report.json").read_text())
     rows = {row["env"]: row for row in report["rows"]}
-    assert set(rows) == set(SUITES["bfcl"]) | {"agentrl/ToolUse-v0"}
-    assert all(row["n"] == row["expected"] == 25 and row["accuracy"] == 1.0 for row in rows.values())
-    assert report["complete"] and report["total"]["success"] == 125
+    assert set(rows) == set(SUITES["bfcl"]) | {"agentrl/ToolUse-v0"} and len(rows) == 18
+    assert all(row["n"] == row["expected"] == 8 and row["accuracy"] == 1.0 for row in rows.values())
+    assert report["complete"] and report["total"]["success"] == 144
     md = (out / "report.md").read_text()
-    assert "| agentrl/BFCL-parallel-v0 | 25/25 | 25 | 100.0% |" in md
+    assert "| agentrl/BFCL-parallel-v0 | 8/8 | 8 | 100.0% |" in md
+    # The BFCL section: the leaderboard's aggregation of the categories run.
+    assert "| multi_turn_miss_func | 8 | 8 | 100.00% |" in md and "Non-Live Overall Acc 100.00%" in r.stdout
+    assert report["bfcl"]["qwen_fc"]["leaderboard"]["overall"]["Multi Turn Acc"] == "100.00%"
     recs = read_jsonl(out / "trajectories.jsonl")
-    assert len(recs) == 125 and len({(x["env"], x["instance_id"]) for x in recs}) == 125
-    assert {x["instance_id"] for x in recs if x["env"] == "agentrl/BFCL-simple-v0"} == {f"simple_python_{i}" for i in range(25)}
+    assert len(recs) == 144 and len({(x["env"], x["instance_id"]) for x in recs}) == 144
+    assert {x["instance_id"] for x in recs if x["env"] == "agentrl/BFCL-simple-python-v0"} == {
+        f"simple_python_{i}" for i in range(8)}
     assert (out / "predictions.jsonl").read_text() == ""  # no SWE env in this suite
 
     out = tmp_path / "empty"
-    r = agentrl_eval("--env", "bfcl", "--env", "tool-use", "--policy", "empty", "--limit", "25", "--out", str(out),
-                     "--no-progress")
+    r = agentrl_eval("--env", "bfcl", "--policy", "empty", "--limit", "8", "--out", str(out), "--no-progress",
+                     "--set", "suite_kwargs.format=prompt")
     assert r.returncode == 0, r.stderr
     report = json.loads((out / "report.json").read_text())
-    assert report["total"]["n"] == 125 and report["total"]["success"] == 0
+    # Calling nothing is right on the irrelevance items only.
+    assert report["total"]["n"] == 136 and report["total"]["success"] == 16
+    assert set(report["bfcl"]) == {"prompt"}
 
 
 def test_resume_skips_done_instances_and_extends(tmp_path):
-    cfg = load_config(data={"suite": "bfcl", "limit": 3, "out": str(tmp_path), "progress": False})
+    cfg = load_config(data={"suite": "bfcl-non-live", "limit": 3, "out": str(tmp_path), "progress": False})
     first = run_eval(cfg)
-    assert (first.ran, first.skipped) == (12, 0)
+    assert (first.ran, first.skipped) == (21, 0)
     cfg.limit = 5
     second = run_eval(cfg)
-    assert (second.ran, second.skipped) == (8, 12)
+    assert (second.ran, second.skipped) == (14, 21)
     third = run_eval(cfg)
-    assert (third.ran, third.skipped) == (0, 20)
+    assert (third.ran, third.skipped) == (0, 35)
     recs = read_jsonl(tmp_path / "trajectories.jsonl")
     keys = [(x["env"], x["instance_id"]) for x in recs]
-    assert len(keys) == len(set(keys)) == 20
-    assert third.report["total"]["n"] == 20 and third.report["total"]["success"] == 20
+    assert len(keys) == len(set(keys)) == 35
+    assert third.report["total"]["n"] == 35 and third.report["total"]["success"] == 35
 
 
 def test_torn_last_line_is_dropped_and_rerun(tmp_path):
-    cfg = load_config(data={"envs": [{"id": "agentrl/BFCL-simple-v0"}], "limit": 6, "out": str(tmp_path),
+    cfg = load_config(data={"envs": [{"id": "agentrl/BFCL-simple-python-v0"}], "limit": 6, "out": str(tmp_path),
                             "progress": False})
     run_eval(cfg)
     path = tmp_path / "trajectories.jsonl"

@@ -235,8 +235,8 @@ class _AdmissionCheckingPolicy(EchoPolicy):
         m = self.mgr
         a, b = m.cfg.async_ratio, m.batch_size
         # the episode being started already counts as running, so "< bound before the start" is "<= bound now"
-        if not (m.counts["accepted"] + m.running + m.held <= (a + m.version + 1) * b):
-            self.violations.append((m.counts["accepted"], m.running, m.held, m.version))
+        if not (m.accepted + m.running + m.held <= (a + m.version + 1) * b):
+            self.violations.append((m.accepted, m.running, m.held, m.version))
         self.checks += 1
         return super().session(meta)
 
@@ -333,7 +333,8 @@ async def test_discard_lets_admission_produce_more():
     # alpha = 0, B = 2: one group may be produced per version; a discarded group frees its share
     cfg = ManagerConfig(num_groups=1, group_size=2, async_ratio=0)
     specs = (EpisodeSpec(SLEEP, {"turns": 1, "step_latency": 0.01}, seed=i) for i in range(100))
-    async with EnvManager(cfg, EchoPolicy()) as m:
+    pol = EchoPolicy()
+    async with EnvManager(cfg, pol) as m:
         m.start(specs)
         g1 = await m.next_group()
         await asyncio.sleep(0.1)
@@ -342,7 +343,11 @@ async def test_discard_lets_admission_produce_more():
         g2 = await asyncio.wait_for(m.next_group(), 5)
         await asyncio.sleep(0.1)
         assert m.metrics()["started"] == 4
-        m.set_version(1)  # the policy still serves version 0: no staleness cancels while it lags
+        m.set_version(1)  # the engine still serves version 0: admission counts its version, so nothing starts
+        await asyncio.sleep(0.1)
+        assert m.metrics()["started"] == 4
+        pol.current_version = 1
+        m.set_version(1)  # called again once the engine moved: the next version's batch is admitted
         g3 = await asyncio.wait_for(m.next_group(), 5)
         assert m.metrics()["dropped_stale"] == 0
         await m.stop()

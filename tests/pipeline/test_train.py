@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 # Small and fast: 2 groups of 2 per step, no warm start, short evals.
 SMALL = ["steps=3", "manager.num_groups=2", "manager.group_size=2", "warm_start.episodes=0", "eval.episodes=4",
-         "rollout.max_turns=3", "manager.max_turns=3", "checkpoint_every=1", "progress=false", "tensorboard=true"]
+         "rollout.max_turns=3", "manager.max_turns=3", "checkpoint_every=1", "progress=false", "tensorboard=true",
+         "trainer.record_logprobs=2"]
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -33,6 +34,23 @@ def test_config_errors_name_the_key(tmp_path):
         load_config(QUICKSTART, ["env.id=agentrl/FrozenLak-v0"])
     with pytest.raises(ConfigError, match="set async_ratio at the top level"):
         load_config(QUICKSTART, ["manager.async_ratio=1"])
+    with pytest.raises(ConfigError, match=r"manager.batch_size \(12\) must be null or num_groups \* group_size"):
+        load_config(QUICKSTART, ["manager.batch_size=12"])
+
+
+def test_trainer_scores_at_the_rollout_temperature():
+    # Unset, the trainer's temperature is derived from the rollout's (it used to stay 1.0: at rollout 0.7 a
+    # tenth of the tokens hit the IS cap with identical weights).
+    assert load_config(QUICKSTART, ["rollout.temperature=0.7"]).trainer.temperature == 0.7
+    assert load_config(QUICKSTART, ["rollout.temperature=0.7", "trainer.temperature=0.7"]).trainer.temperature == 0.7
+    with pytest.raises(ConfigError, match=r"trainer.temperature \(0.5\) must equal rollout.temperature \(0.7\)"):
+        load_config(QUICKSTART, ["rollout.temperature=0.7", "trainer.temperature=0.5"])
+    with pytest.raises(ConfigError, match="rollout.temperature must be > 0 for training"):
+        load_config(QUICKSTART, ["rollout.temperature=0"])
+    with pytest.raises(ConfigError, match=r"rollout.top_p \(0.9\) must be 1.0"):
+        load_config(QUICKSTART, ["rollout.top_p=0.9"])
+    with pytest.raises(ConfigError, match="rollout.top_k"):
+        load_config(QUICKSTART, ["rollout.top_k=20"])
 
 
 def kill_session(sid: int) -> None:
@@ -56,7 +74,8 @@ def run_cli(args: list[str], **kw) -> subprocess.Popen:
 @pytest.mark.parametrize("alpha", [0, 1])
 def test_training_runs_with_bounded_staleness(tmp_path, alpha):
     run_dir = tmp_path / f"run{alpha}"
-    p = run_cli([str(QUICKSTART), *SMALL, f"async_ratio={alpha}", f"run_dir={run_dir}"])
+    # fp32 (the tiny model's dtype), sampling at temperature 0.7: the trainer derives its temperature from it
+    p = run_cli([str(QUICKSTART), *SMALL, f"async_ratio={alpha}", "rollout.temperature=0.7", f"run_dir={run_dir}"])
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 0, out[-4000:]
     r = rows(run_dir)
@@ -66,12 +85,36 @@ def test_training_runs_with_bounded_staleness(tmp_path, alpha):
         assert x["train/staleness/max"] <= alpha, x
         assert x["train/batch/num_seqs"] == 4
         assert 0.0 <= x["time/trainer_idle_frac"] <= 1.0
+        assert x["manager/dropped_stale"] == 0  # staleness is bounded by the batch schedule, not by cancelling
     if alpha == 0:
         assert all(x["train/staleness/max"] == 0 for x in r)
+        # After every weight sync the trainer's log-probs of the engine's sampled tokens equal the engine's
+        # (steps 2 and 3 train on tokens of weights the engine got from the trainer).
+        assert all(x["train/mismatch/kl_k3"] < 1e-6 for x in r), [x["train/mismatch/kl_k3"] for x in r]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_before"]["episodes"] == 4 and summary["eval_after"]["episodes"] == 4
     assert RunFiles(run_dir).latest_checkpoint()[0] == 3
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    check_viewer_files(run_dir, steps=3, per_step=4, alpha=alpha)
+
+
+def check_viewer_files(run_dir: Path, steps: int, per_step: int, alpha: int) -> None:
+    """What ``agentrl view`` shows: every step's trained trajectories, and the trainer's log-probs of 2 of them."""
+    from agentrl.viewer.data import LogprobIndex, TrajectoryIndex
+
+    idx = TrajectoryIndex(run_dir / "trajectories.jsonl")
+    idx.refresh()
+    assert idx.problems.count == 0 and not idx.problems.pending_tail
+    assert list(idx.steps) == [s for s in range(1, steps + 1) for _ in range(per_step)]  # no step repeated
+    assert 0 <= max(idx.staleness) <= alpha
+    lp = LogprobIndex(run_dir / "trainer_logprobs.jsonl")
+    lp.refresh()
+    assert len(lp.where) == 2 * steps and lp.problems.count == 0
+    for tid in lp.where:
+        rec, row = lp.get(tid), idx.by_id[tid]
+        traj, _ = idx.record(row)
+        assert rec["version"] == rec["step"] - 1 == idx.steps[row] - 1
+        assert len(rec["logprobs"]) == len(traj["token_ids"]) - 1 and all(x <= 0 for x in rec["logprobs"])
 
 
 def test_sigkill_then_resume_repeats_and_skips_no_step(tmp_path):
@@ -96,11 +139,24 @@ def test_sigkill_then_resume_repeats_and_skips_no_step(tmp_path):
     killed_at = files.latest_checkpoint()[0]
     assert killed_at < 5
 
+    in_flight = json.loads(files.checkpoint_dir(killed_at).with_suffix(".json").read_text())["open_tasks"]
+    assert in_flight  # alpha = 1: the next batches were running when the checkpoint was written
+
     p2 = run_cli(["--resume", str(run_dir)])
     out, _ = p2.communicate(timeout=600)
     assert p2.returncode == 0, out[-4000:]
     assert f"resumed from {files.checkpoint_dir(killed_at)}" in out
-    steps = [x["step"] for x in rows(run_dir)]
+    r = rows(run_dir)
+    steps = [x["step"] for x in r]
     assert steps == [1, 2, 3, 4, 5], steps  # nothing repeated, nothing skipped
     state = json.loads((files.checkpoint_dir(5) / "trainer_state.json").read_text())
     assert state["version"] == 5 and state["optimizer_steps"] == 5
+    check_viewer_files(run_dir, steps=5, per_step=4, alpha=1)
+    # Every task was trained exactly once or is still open at the end: none skipped, none duplicated across the
+    # SIGKILL (the tasks in flight at the checkpoint were replayed, those trained after it were rolled back).
+    trained = [i for x in r for i in x["tasks"]]
+    assert len(trained) == len(set(trained)) == 5 * 2
+    final = json.loads(files.checkpoint_dir(5).with_suffix(".json").read_text())
+    assert not set(trained) & set(final["open_tasks"])
+    assert set(trained) | set(final["open_tasks"]) == set(range(final["next_task"]))
+    assert set(in_flight) <= set(trained) | set(final["open_tasks"])

@@ -1,10 +1,12 @@
-"""The remote backend against a real ``python -m vllm.entrypoints.openai.api_server`` process on 127.0.0.1 (started
-here with the tiny model, killed at the end): token ids and log-probs out, sticky and least-in-flight routing,
-abort with partial tokens, failover, and a real weight reload over HTTP."""
+"""The remote backend against a real ``python -m vllm.entrypoints.openai.api_server --enable-scale-out`` process on
+127.0.0.1 (started here with the tiny model, killed at the end): token ids, log-probs and per-token weight versions
+as the server reports them, sticky and least-in-flight routing, abort with partial tokens, failover, and a real
+weight reload over HTTP. Plus unit tests of the stream handling against a small fake server."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -20,15 +22,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.inference.base import SamplingParams
 from agentrl.inference.config import WORKER_EXTENSION, EngineConfig, make_engine
-from agentrl.inference.remote import RemoteEngine, RemoteEngineError
-
-pytestmark = pytest.mark.engine
+from agentrl.inference.remote import RemoteEngine, RemoteEngineError, versions_from_spans
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+engine = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def server(tiny_model_dir):
                VLLM_CPU_OMP_THREADS_BIND="nobind")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
            "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--gpu-memory-utilization", "0.5",
-           "--host", "127.0.0.1", "--port", str(port), "--worker-extension-cls", WORKER_EXTENSION]
+           "--host", "127.0.0.1", "--port", str(port), "--worker-extension-cls", WORKER_EXTENSION, "--enable-scale-out"]
     log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"agentrl-test-vllm-server-{port}.log"), "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -79,6 +82,17 @@ def _prompt(tok, text="What is 2 + 2?"):
                                    return_dict=False)
 
 
+async def _until_tokens(eng, request_id, timeout_s=300.0):
+    """Waits until the server has streamed some tokens of ``request_id`` (a loaded machine may take seconds)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        req = eng._inflight.get(request_id)
+        if req is not None and req.token_ids:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"no tokens of {request_id} after {timeout_s} s"
+        await asyncio.sleep(0.05)
+
+
 def _hf_token_logprobs(model_dir, state_dict, prompt, gen):
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     if state_dict is not None:
@@ -88,6 +102,7 @@ def _hf_token_logprobs(model_dir, state_dict, prompt, gen):
     return [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(gen)]
 
 
+@engine
 async def test_remote_generate_tokens_and_logprobs(server, tok, tiny_model_dir):
     url, _ = server
     eng = make_engine(EngineConfig(backend="remote", urls=[url], model=str(tiny_model_dir), max_model_len=2048))
@@ -112,6 +127,7 @@ async def test_remote_generate_tokens_and_logprobs(server, tok, tiny_model_dir):
         await eng.close()
 
 
+@engine
 async def test_sticky_sessions_and_least_inflight(server, tok):
     url, port = server
     # Two entries that reach the same real server under different names: routing treats them as two servers.
@@ -140,6 +156,7 @@ async def test_sticky_sessions_and_least_inflight(server, tok):
         await eng.close()
 
 
+@engine
 async def test_abort_keeps_partial_tokens(server, tok):
     url, _ = server
     eng = RemoteEngine([url])
@@ -150,15 +167,16 @@ async def test_abort_keeps_partial_tokens(server, tok):
             return "continued", g
 
         task = asyncio.create_task(episode())
-        await asyncio.sleep(1.5)
+        await _until_tokens(eng, "r-abort")
         await eng.abort("r-abort")
-        what, gen = await asyncio.wait_for(task, 30)
+        what, gen = await asyncio.wait_for(task, 120)
         assert what == "continued" and gen.finish_reason == "abort"
         assert 0 < len(gen.token_ids) < 1500 and len(gen.logprobs) == len(gen.token_ids)
     finally:
         await eng.close()
 
 
+@engine
 async def test_dead_server_fails_over(server, tok):
     url, _ = server
     dead = f"http://127.0.0.1:{_free_port()}"
@@ -174,6 +192,7 @@ async def test_dead_server_fails_over(server, tok):
         await eng.close()
 
 
+@engine
 async def test_weight_update_over_http(server, tok, tiny_model_dir):
     url, _ = server
     eng = RemoteEngine([url], model_path=str(tiny_model_dir), weight_sync="http", pause_mode="abort")
@@ -196,3 +215,82 @@ async def test_weight_update_over_http(server, tok, tiny_model_dir):
     finally:
         await eng.update_weights(original, 2)
         await eng.close()
+
+
+@engine
+async def test_versions_are_the_servers_labels(server, tok):
+    """A token's version is the server's weight-version label for the step that sampled it, also when something
+    other than this client relabelled the server (a trainer pushing weights over NCCL calls
+    finish_weight_update(weight_version) on the server itself). The client's own counter plays no part."""
+    url, _ = server
+    eng = RemoteEngine([url], weight_sync="version_only", pause_mode="keep")
+    p = _prompt(tok)
+    try:
+        await eng._post(eng.servers[0], "/update_weight_version", {"new_version": "5"})
+        gen = await eng.generate(p, SamplingParams(max_tokens=6, ignore_eos=True), request_id="r-v5")
+        assert eng.version == 0 and gen.versions == [5] * 6
+        # keep mode: a request spanning a relabel carries the old label, then the new one, split where the server
+        # switched (wherever that is on a slow machine).
+        task = asyncio.create_task(eng.generate(p, SamplingParams(max_tokens=200, ignore_eos=True), request_id="r-keep"))
+        await asyncio.sleep(1.0)
+        await eng.update_weights({}, 6)
+        g = await asyncio.wait_for(task, 900)
+        k = g.versions.count(5)
+        assert g.finish_reason == "length" and g.versions == [5] * k + [6] * (200 - k)
+        # Aborted: the tokens so far, with the versions the server reported.
+        task = asyncio.create_task(eng.generate(p, SamplingParams(max_tokens=1500, ignore_eos=True), request_id="r-ab2"))
+        await _until_tokens(eng, "r-ab2")
+        await eng.abort("r-ab2")
+        g = await asyncio.wait_for(task, 300)
+        assert g.finish_reason == "abort" and 0 < len(g.token_ids) < 1500 and g.versions == [6] * len(g.token_ids)
+    finally:
+        await eng._post(eng.servers[0], "/update_weight_version", {"new_version": "0"})
+        await eng.close()
+
+
+def test_versions_from_spans():
+    spans = [{"version": "default", "start": 0, "end": 2}, {"version": "3", "start": 2, "end": 5}]
+    assert versions_from_spans(spans, 5, default_version=7) == [7, 7, 3, 3, 3]
+    assert versions_from_spans(spans, 6, default_version=0) is None  # a token without a version
+    assert versions_from_spans(None, 0, default_version=0) == []
+    with pytest.raises(RemoteEngineError, match="not an integer"):
+        versions_from_spans([{"version": "step-a", "start": 0, "end": 1}], 1, default_version=0)
+
+
+async def test_stream_cut_before_final_chunk_returns_no_tokens():
+    """A stream that ends without its final chunk (no version spans) returns no tokens, so no token ever leaves
+    the client without the version the server gave it; a final chunk with spans returns them all."""
+    from aiohttp import web
+
+    def chunk(tokens, final=False):
+        choice = {"index": 0, "token_ids": tokens, "finish_reason": "length" if final else None,
+                  "logprobs": {"content": [{"token_id": t, "logprob": -1.0} for t in tokens]},
+                  "weight_versions": [{"version": "4", "start": 0, "end": 3}] if final else None}
+        return ("data: " + json.dumps({"request_id": "srv-x", "choices": [choice]}) + "\n\n").encode()
+
+    async def handler(request):
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(chunk([11, 12]))
+        if body["request_id"] == "whole":
+            await resp.write(chunk([13], final=True))
+            await resp.write(b"data: [DONE]\n\n")
+        return resp  # "cut": the stream just ends
+
+    app = web.Application()
+    app.router.add_post("/inference/v1/generate", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    eng = RemoteEngine([f"http://127.0.0.1:{port}"])
+    try:
+        cut = await eng.generate([1, 2], SamplingParams(max_tokens=3), request_id="cut")
+        assert cut.finish_reason == "abort" and cut.token_ids == [] and cut.versions == []
+        whole = await eng.generate([1, 2], SamplingParams(max_tokens=3), request_id="whole")
+        assert whole.token_ids == [11, 12, 13] and whole.versions == [4, 4, 4] and whole.logprobs == [-1.0] * 3
+    finally:
+        await eng.close()
+        await runner.cleanup()

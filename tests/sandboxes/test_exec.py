@@ -143,3 +143,31 @@ async def test_many_concurrent_execs_in_one_sandbox(busybox_spec):
     async with create_sandbox(busybox_spec) as sb:
         results = await asyncio.gather(*(sb.exec(f"sleep 0.3; echo {i}", timeout=20) for i in range(8)))
         assert [r.output.strip() for r in results] == [str(i) for i in range(8)]
+
+
+async def test_host_mounts_read_only_and_read_write(busybox_spec):
+    import os
+    import shutil
+    import tempfile
+    from dataclasses import replace
+
+    from agentrl.sandboxes import Mount
+
+    host = tempfile.mkdtemp(prefix="agentrl-mount-test-")
+    try:
+        os.makedirs(f"{host}/ro")
+        os.makedirs(f"{host}/rw")
+        with open(f"{host}/ro/data.txt", "w") as f:
+            f.write("from host\n")
+        os.chmod(host, 0o755)
+        os.chmod(f"{host}/ro", 0o755)
+        os.chmod(f"{host}/rw", 0o777)
+        spec = replace(busybox_spec, mounts=(Mount(f"{host}/ro", "/data"), Mount(f"{host}/rw", "/out", read_only=False)))
+        async with create_sandbox(spec) as sb:
+            assert (await sb.exec("cat /data/data.txt", timeout=20)).output == "from host\n"
+            assert (await sb.exec("echo x > /data/new", timeout=20)).exit_code != 0
+            assert (await sb.exec("echo result > /out/r.txt", timeout=20)).ok
+        with open(f"{host}/rw/r.txt") as f:
+            assert f.read() == "result\n"
+    finally:
+        shutil.rmtree(host, ignore_errors=True)

@@ -43,17 +43,18 @@ def _containers(run: str, *, all_states: bool = True) -> list[dict]:
 
 
 def _bwrap_procs(run: str) -> list[str]:
-    """Host processes whose command line mentions the run's state dir (its bwrap processes)."""
-    needle = str(state_root() / run)
+    """Host processes in the run's cgroups (its bwrap sandboxes' processes)."""
+    needle = f"/agentrl/{run}/"
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
+                if needle not in (d / "cgroup").read_text():
+                    continue
                 cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if needle in cmd:
-                out.append(f"{d.name}: {cmd[:120]}")
+            out.append(f"{d.name}: {cmd[:120]}")
     return out
 
 
@@ -119,8 +120,12 @@ def test_sigterm_and_normal_exit_clean_up_at_once(how):
         sweep(run)
 
 
-async def test_sweep_without_run_removes_only_orphans():
+async def test_sweep_without_run_removes_only_orphans(monkeypatch):
     require_backend("docker", BUSYBOX)
+    import importlib
+
+    # the package exports a function named sweep, so take the module itself
+    monkeypatch.setattr(importlib.import_module("agentrl.sandboxes.sweep"), "auto_sweep", lambda *a, **k: None)  # this test sweeps by hand
     run = f"test-orphan-{secrets.token_hex(3)}"
     proc, _ = _start_driver(run, 600)
     proc.send_signal(signal.SIGKILL)

@@ -51,6 +51,26 @@ def test_trainer_actor_round_trip(ray_local, tiny_model_dir: Path, tmp_path: Pat
     assert ray.get(actor.load_checkpoint.remote(ck))["version"] == 1
 
 
+def test_trainer_actor_streamed_step_and_records(ray_local, tiny_model_dir: Path) -> None:
+    cfg = TrainerConfig(device="cpu", optimizer=OptimizerConfig(lr=1e-3), record_logprobs=1)
+    actor = create_trainer_actor(cfg, tiny_model_dir, num_cpus=1)
+    a = [_traj(0, [10, 11, 12], 1.0), _traj(1, [20, 21, 22], 0.0)]
+    b = [_traj(2, [30, 31], 1.0), _traj(3, [40, 41, 42, 43], 0.0)]
+    for t in b:
+        t.group_id = "h"
+    ray.get(actor.start_step.remote())
+    assert ray.get(actor.accumulate.remote(a))["accumulate/seqs"] == 2
+    ray.get(actor.accumulate.remote(b))
+    metrics = ray.get(actor.finish_step.remote())
+    assert metrics["version"] == 1 and metrics["batch/num_seqs"] == 4
+    recs = ray.get(actor.take_logprob_records.remote())
+    assert len(recs) == 1 and recs[0]["version"] == 0
+    assert ray.get(actor.take_logprob_records.remote()) == []
+    ray.get(actor.start_step.remote())
+    ray.get(actor.abort_step.remote())
+    assert ray.get(actor.get_version.remote()) == 1
+
+
 def test_bad_model_path_fails_at_creation(ray_local, tmp_path: Path) -> None:
     with pytest.raises(ray.exceptions.RayActorError):
         create_trainer_actor(TrainerConfig(device="cpu"), tmp_path / "missing")

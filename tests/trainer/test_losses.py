@@ -309,3 +309,41 @@ def test_loss_config_typos_and_bad_values_are_errors() -> None:
     assert cfg.optimizer.betas == (0.9, 0.95)
     with pytest.raises(ValueError, match="micro_batch_size"):
         TrainerConfig(micro_batch_size=-1).validate()
+
+
+def test_gspo_defaults_follow_the_paper_unless_set() -> None:
+    # issue 12 #4: GSPO used token-mean aggregation and clip 0.2, so a long sequence weighed more and the clip
+    # never bound on the length-normalised ratio
+    cfg = from_dict(TrainerConfig, {"loss": {"name": "gspo"}}, "t.yaml").loss
+    assert (cfg.clip_low, cfg.clip_high, cfg.effective_aggregation) == (3e-4, 4e-4, "seq_mean_token_mean")
+    assert cfg.clip_eps is None and cfg.aggregation is None  # "unset" stays visible
+    user = LossConfig(name="gspo", clip_eps=0.2, aggregation="token_mean")
+    assert (user.clip_low, user.clip_high, user.effective_aggregation) == (0.2, 0.2, "token_mean")
+    assert LossConfig(name="gspo", eps_high=1e-3).clip_high == 1e-3
+    ppo = LossConfig(name="ppo")
+    assert (ppo.clip_low, ppo.clip_high, ppo.effective_aggregation) == (0.2, 0.2, "token_mean")
+    # row0: 1 token with ratio 1.001 (outside [1 - 3e-4, 1 + 4e-4]) and A = +1 -> clipped, no gradient;
+    # row1: 3 tokens with ratio 1 and A = -1 -> -(-1) = 1 each. Sequence mean: (-(1 + 4e-4) + 1) / 2
+    logp = _logp([[L(1.001), 0.0, 0.0], [0.0, 0.0, 0.0]])
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, m = policy_loss(LossConfig(name="gspo"), logp=logp, mask=mask, adv=ADV, prox_logp=old)
+    _close(loss, (-(1 + 4e-4) + 1.0) / 2)
+    loss.backward()
+    _close(logp.grad[0], [0.0, 0.0, 0.0])
+    assert m["ratio/clip_frac"] == pytest.approx(0.25)
+
+
+def test_k3_kl_stays_finite_for_extreme_log_ratios() -> None:
+    # issue 12 #6: k3(-95, -1) = e^94 - 1 - 94 overflowed float32 to inf and skipped the batch
+    logp = torch.tensor([-95.0, -1.0, -30.0], requires_grad=True)
+    ref = torch.tensor([-1.0, -95.0, -1.0])
+    k3 = kl_per_token(logp, ref, "k3")
+    assert torch.isfinite(k3).all() and (k3 >= 0).all() and float(k3.detach().max()) <= 10.0
+    k3.sum().backward()
+    assert torch.isfinite(logp.grad).all()
+    cfg = LossConfig(name="ppo", kl_coef=0.1, kl_estimator="k3")
+    lp = torch.tensor([[-95.0, -2.0]], requires_grad=True)
+    loss, _ = policy_loss(cfg, logp=lp, mask=torch.ones(1, 2), adv=torch.tensor([1.0]), prox_logp=lp.detach(),
+                          ref_logp=torch.tensor([[-1.0, -2.0]]))
+    assert torch.isfinite(loss)

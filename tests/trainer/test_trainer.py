@@ -323,16 +323,17 @@ _SAVER = textwrap.dedent("""
     import sys, time
     from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer import trainer as T
+    from agentrl.trainer import checkpoint as C
 
     model, root = sys.argv[1], sys.argv[2]
     tr = T.Trainer(TrainerConfig(device="cpu"), model)
     tr.save_checkpoint(root + "/step_0")
-    slow = T._fsync_tree
+    slow = C._fsync_tree
     def slow_fsync(p):
         print("SAVING", flush=True)
         time.sleep(30)  # SIGKILL lands here: everything written, nothing renamed yet
         slow(p)
-    T._fsync_tree = slow_fsync
+    C._fsync_tree = slow_fsync
     tr._version = 1
     tr._optimizer_steps = 1
     tr.save_checkpoint(root + "/step_1")
@@ -382,7 +383,8 @@ def test_crash_between_renames_of_a_replacing_save_is_recovered(tiny_model_dir: 
 @pytest.mark.parametrize("dtype,mixed", [("bfloat16", "none"), ("float32", "bf16")])
 def test_bf16_options_train_on_cpu(tiny_model_dir: Path, tmp_path: Path, dtype: str, mixed: str) -> None:
     tr = Trainer(cfg(dtype=dtype, mixed_precision=mixed, optimizer=OptimizerConfig(lr=1e-2)), tiny_model_dir)
-    assert next(tr.model.parameters()).dtype == (torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    # issue 12 #2: bf16 compute keeps float32 master weights (this asserted bf16 parameters before the fix)
+    assert all(p.dtype == torch.float32 for p in tr.model.parameters())
     trajs = _mixed_batch(tr)
     m = tr.train_step(trajs, [1.0, -1.0, 0.5, -0.5])
     assert math.isfinite(m["loss"]) and m["grad_norm"] > 0 and m["train/skipped_steps"] == 0
@@ -392,6 +394,51 @@ def test_bf16_options_train_on_cpu(tiny_model_dir: Path, tmp_path: Path, dtype: 
     tr2.load_checkpoint(ck)
     for k, v in tr.model.state_dict().items():
         assert torch.equal(tr2.model.state_dict()[k], v), k
+
+
+def test_topr_is_metrics_do_not_depend_on_micro_batching(tiny_model_dir: Path) -> None:
+    # issue 12 #6: is/* of TOPR are means over negative-reward tokens; a micro-batch with none of them diluted the
+    # mean (1.649 was reported as 0.824)
+    out = {}
+    for micro in (8, 1):
+        tr = Trainer(cfg(loss=LossConfig(name="topr"), micro_batch_size=micro), tiny_model_dir)
+        trajs = _mixed_batch(tr)
+        for t, r in zip(trajs, [1.0, -1.0, 0.5, -2.0]):
+            t.reward = r
+        out[micro] = tr.train_step(trajs)
+    for key in ("is/weight_mean", "is/truncated_frac", "topr/neg_frac", "loss"):
+        assert out[1][key] == pytest.approx(out[8][key], rel=1e-5), key
+    assert out[1]["is/weight_mean"] > 0
+
+
+def test_lr_metric_is_the_lr_the_step_used(tiny_model_dir: Path) -> None:
+    # issue 12 #6: during warm-up the metric reported the next step's lr
+    tr = Trainer(cfg(optimizer=OptimizerConfig(lr=1e-3, warmup_steps=4)), tiny_model_dir)
+    trajs = _mixed_batch(tr)
+    seen = []
+    orig = tr.optimizer.step
+
+    def spy(*a, **k):
+        seen.append(tr.optimizer.param_groups[0]["lr"])
+        return orig(*a, **k)
+
+    tr.optimizer.step = spy  # type: ignore[method-assign]
+    lrs = [tr.train_step(trajs)["lr"] for _ in range(3)]
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4]) and lrs == pytest.approx(seen)
+    assert tr.sft_step(trajs)["lr"] == pytest.approx(1e-3)
+
+
+def test_gpu_config_trains_with_fp32_master_weights_and_a_token_budget() -> None:
+    import yaml
+
+    from agentrl.config import from_dict
+
+    raw = yaml.safe_load((Path(__file__).parents[2] / "configs" / "gpu_qwen2.5_tooluse.yaml").read_text())
+    tc = from_dict(TrainerConfig, raw["trainer"], "gpu_qwen2.5_tooluse.yaml")
+    tc.validate()
+    assert tc.compute_dtype == "bfloat16"  # bf16 compute; the Trainer keeps float32 parameters whatever dtype says
+    assert tc.micro_batch_tokens is not None and tc.gradient_checkpointing
+    assert tc.logprob_impl in ("auto", "liger", "torch")  # never the full [tokens, vocabulary] logits
 
 
 def test_segmented_trajectory_trains_as_its_segments(tiny_model_dir: Path) -> None:

@@ -1,0 +1,158 @@
+"""The training run's typed config: the env, warm start, evaluation and the run itself (:class:`TrainConfig`), with
+the cross-checks that keep the trainer scoring tokens under the distribution the engine sampled them from. Loaded by
+:func:`load_config` (YAML + ``key.sub=value`` overrides); :mod:`agentrl.pipeline` runs it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.inference.config import EngineConfig
+from agentrl.manager import ManagerConfig
+from agentrl.rollout import RolloutConfig
+from agentrl.runlog import TrajectoryLogConfig
+from agentrl.trainer.config import TrainerConfig
+
+EVAL_SEED_START = 1_000_000  # held-out seeds: never used for training or demonstrations
+DEMO_SEED_START = 2_000_000
+
+
+@dataclass
+class EnvConfig:
+    """The training env: a registered ``id`` with constructor ``kwargs``. Training task ``i`` uses seed
+    ``seed_start + i`` (one seed per group)."""
+
+    id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    seed_start: int = 0
+
+    def validate(self) -> None:
+        from agentrl.registration import spec
+
+        try:
+            spec(self.id)
+        except Exception as e:
+            raise ValueError(str(e)) from e
+        if self.seed_start < 0 or self.seed_start >= EVAL_SEED_START:
+            raise ValueError(f"seed_start must be in [0, {EVAL_SEED_START}) (higher seeds are held out), got {self.seed_start}")
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm start on the env's scripted solver, with a fraction ``noise`` of its actions replaced by a
+    random one of ``noise_actions`` (empty: the env's own scripted mistakes, ``agentrl.envs.mistakes_for``);
+    ``episodes: 0`` disables it. Runs once per run directory."""
+
+    episodes: int = 0
+    noise: float = 0.5
+    noise_actions: list[str] = field(default_factory=list)
+    steps: int = 100
+    batch_size: int = 64
+    lr: float = 1e-3
+
+    def validate(self) -> None:
+        if self.episodes < 0 or self.steps < 0 or self.batch_size < 1:
+            raise ValueError("episodes and steps must be >= 0 and batch_size >= 1")
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"noise must be in [0, 1], got {self.noise}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+@dataclass
+class EvalConfig:
+    """Reward on ``episodes`` held-out seeds, before RL, every ``every`` steps (0: never in between) and at the end.
+    ``temperature`` None samples as in training."""
+
+    episodes: int = 64
+    every: int = 0
+    temperature: float | None = None
+
+    def validate(self) -> None:
+        if self.episodes < 0 or self.every < 0:
+            raise ValueError("episodes and every must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    """A training run. ``manager`` sizes the batch: ``num_groups`` groups of ``group_size`` trajectories per step.
+    ``sync_every``: weights go to the engine every k steps (needs ``async_ratio >= k - 1``; admission counts the
+    engine's version, so a lagging engine slows rollout down instead of producing stale work).
+
+    The trainer scores tokens with the distribution the engine sampled them from: ``trainer.temperature`` left at its
+    default (1.0) is set to ``rollout.temperature``, any other value must equal it; ``rollout.top_p`` must be 1 and
+    ``rollout.top_k`` off (the trainer's log-probs are of the full distribution), and ``rollout.temperature`` > 0."""
+
+    env: EnvConfig
+    run_dir: str = "runs/train"
+    steps: int = 20
+    async_ratio: int = 0
+    sync_every: int = 1
+    checkpoint_every: int = 10
+    seed: int = 0
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    manager: ManagerConfig = field(default_factory=ManagerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    trajectory_log: TrajectoryLogConfig = field(default_factory=TrajectoryLogConfig)  # for `agentrl view`
+    ray_address: str | None = None
+    ray_num_cpus: int | None = None
+    trainer_num_cpus: float = 1.0
+    tensorboard: bool = True
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.async_ratio < 0:
+            raise ValueError(f"async_ratio must be >= 0, got {self.async_ratio}")
+        if self.sync_every < 1 or self.sync_every > self.async_ratio + 1:
+            raise ValueError(
+                f"sync_every must be in [1, async_ratio + 1] = [1, {self.async_ratio + 1}] (tokens of an engine "
+                f"that lags more than async_ratio versions would all be stale), got {self.sync_every}"
+            )
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.manager.async_ratio is not None:
+            raise ValueError("set async_ratio at the top level, not manager.async_ratio")
+        ws = self.warm_start
+        if ws.episodes and ws.noise > 0 and not ws.noise_actions:
+            from agentrl.envs import mistakes_for
+
+            try:
+                mistakes_for(self.env.id)
+            except LookupError:
+                raise ValueError(f"warm_start.noise_actions must list the random actions when noise > 0 ({self.env.id} "
+                                 f"has no scripted mistakes)") from None
+        m = self.manager
+        if m.batch_size is not None and m.batch_size != m.num_groups * m.group_size:
+            raise ValueError(f"manager.batch_size ({m.batch_size}) must be null or num_groups * group_size "
+                             f"({m.num_groups * m.group_size}): the trainer takes num_groups groups per step")
+        self._check_sampling()
+
+    def _check_sampling(self) -> None:
+        """Ties the trainer's log-probs to the engine's sampling distribution (see the class docstring)."""
+        r, t = self.rollout, self.trainer
+        if not r.temperature > 0:
+            raise ValueError(f"rollout.temperature must be > 0 for training, got {r.temperature} (greedy tokens have "
+                             f"no behaviour distribution; use eval.temperature for greedy evaluation)")
+        if r.top_p != 1.0 or r.top_k != -1:
+            raise ValueError(f"rollout.top_p ({r.top_p}) must be 1.0 and rollout.top_k ({r.top_k}) -1 for training: "
+                             f"the trainer scores tokens under the full distribution, so a truncated sampler makes "
+                             f"every importance weight wrong")
+        if t.temperature != r.temperature:
+            if t.temperature != 1.0:
+                raise ValueError(f"trainer.temperature ({t.temperature}) must equal rollout.temperature "
+                                 f"({r.temperature}): the trainer must score tokens at the temperature they were "
+                                 f"sampled at (leave trainer.temperature unset to derive it)")
+            t.temperature = r.temperature
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
+    """Loads and validates a training config (YAML + ``key.sub=value`` overrides)."""
+    from agentrl.config import load
+
+    return load(TrainConfig, path, overrides)

@@ -1,0 +1,163 @@
+"""Trainer checkpoints: atomic save, load with validation, and discovery of the newest complete one.
+
+Layout of a checkpoint directory: ``model/`` (HF ``save_pretrained`` weights plus the source model's non-weight
+files, so it is a complete model directory an engine can load), ``optimizer.pt``, ``rng.pt`` (python, numpy,
+torch, CUDA RNG states) and ``trainer_state.json`` (``format``, ``optimizer_steps``, ``version``, the config).
+
+Invariants: a save writes everything into a temp directory next to the target, fsyncs it and renames it into place,
+so a crash at any point leaves the previous checkpoint (or none), never a partial one; ``trainer_state.json`` is
+the completeness marker. Replacing an existing checkpoint moves it aside (``.name.old-*``) just before the rename
+and deletes it after, and discovery accepts that aside copy when a crash hit between the two renames.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CHECKPOINT_FORMAT = 1
+STATE_FILE = "trainer_state.json"
+# Files of the source model directory that are not weights; copied next to checkpointed weights so that a
+# checkpoint's model/ directory is a complete HF model (tokenizer, chat template) the engine can load.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(Path(dirpath))
+
+
+def find_latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """Returns the complete checkpoint directory under ``root`` with the highest ``optimizer_steps`` (then
+    ``version``), or ``None``. A directory counts only if it holds ``trainer_state.json`` (the whole directory is
+    renamed into place at once); temp directories (``.name.tmp-*``) are ignored, and a moved-aside ``.name.old-*``
+    copy counts only when ``name`` itself is missing (a crash between the two renames of a replacing save)."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    best: tuple[tuple[int, int], Path] | None = None
+    for d in root.iterdir():
+        if not d.is_dir():
+            continue
+        if d.name.startswith("."):
+            base, sep, _ = d.name[1:].rpartition(".old-")
+            if not sep or (root / base).exists():
+                continue
+        try:
+            st = json.loads((d / STATE_FILE).read_text())
+            key = (int(st["optimizer_steps"]), int(st["version"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if best is None or key > best[0]:
+            best = (key, d)
+    return None if best is None else best[1]
+
+
+def save(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         source_model_path: Path, state: dict[str, Any]) -> Path:
+    """Writes a checkpoint of ``model``/``optimizer``/the RNG states with ``state`` (``optimizer_steps``,
+    ``version``, ``config``, ...) to ``path`` atomically (see module docstring). Returns ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Leftovers of saves to this path that were killed mid-way (one trainer saves a given path at a time).
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tag = uuid.uuid4().hex[:8]
+    tmp = path.parent / f".{path.name}.tmp-{tag}"
+    tmp.mkdir()
+    try:
+        model.save_pretrained(str(tmp / "model"), safe_serialization=True)
+        if source_model_path.is_dir():
+            for f in source_model_path.iterdir():
+                if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and not (tmp / "model" / f.name).exists():
+                    shutil.copy2(f, tmp / "model" / f.name)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        rng = {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+        torch.save(rng, tmp / "rng.pt")
+        full = {"format": CHECKPOINT_FORMAT, **state, "source_model_path": str(source_model_path),
+                "saved_at": time.time()}
+        (tmp / STATE_FILE).write_text(json.dumps(full, indent=2))
+        _fsync_tree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{tag}"
+        os.rename(path, old)
+    os.rename(tmp, path)
+    _fsync_dir(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def load(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         device: torch.device) -> dict[str, Any]:
+    """Restores weights (cast to the model's dtype), optimizer state and RNG states from a checkpoint written by
+    :func:`save` (or its moved-aside copy after a crash between renames). Returns the saved state dict. Raises
+    ``FileNotFoundError`` / ``ValueError`` for a missing or incompatible checkpoint."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / STATE_FILE).exists():
+        aside = sorted(path.parent.glob(f".{path.name}.old-*")) if path.parent.is_dir() else []
+        aside = [d for d in aside if (d / STATE_FILE).exists()]
+        if not aside:
+            raise FileNotFoundError(f"no complete checkpoint at {path} ({STATE_FILE} missing)")
+        path = aside[-1]
+    state = json.loads((path / STATE_FILE).read_text())
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: checkpoint format {state.get('format')} != {CHECKPOINT_FORMAT}")
+    files = sorted((path / "model").glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path / 'model'}: no *.safetensors weights")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if unexpected:
+        raise ValueError(f"{path}: weights not in the model: {sorted(unexpected)[:5]}")
+    own = model.state_dict()
+    loaded_ptrs = {own[k].data_ptr() for k in sd}
+    really_missing = [k for k in missing if own[k].data_ptr() not in loaded_ptrs]
+    if really_missing:  # tied weights (lm_head <- embed_tokens) are legitimately absent from the file
+        raise ValueError(f"{path}: checkpoint lacks weights {really_missing[:5]}")
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=device, weights_only=True))
+    rng = torch.load(path / "rng.pt", weights_only=False)  # our own file: holds numpy/python state objects
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return state

@@ -1,0 +1,176 @@
+"""The policy model side of the trainer: loading, the layer-level speed options, and the token log-probs of a
+micro-batch.
+
+:func:`load_causal_lm` loads a HF causal LM (float32 master weights for the policy; the frozen reference model in
+the compute dtype). :func:`configure_layers` applies gradient checkpointing to every ``checkpoint_every``-th
+decoder layer and ``torch.compile`` per decoder layer. :func:`choose_logprob_impl` picks the log-prob path
+(:mod:`agentrl.trainer.logprobs`) after checking that the model's logits really are ``h @ W.T`` of its last hidden
+states. :func:`micro_batch_logprobs` runs the decoder on a :class:`~agentrl.trainer.batching.MicroBatch` and returns
+padded ``[b, T]`` log-probs (and entropy), at the given temperature, in float32.
+
+Invariant: whatever the path and layout, the log-probs equal those of the model's own full logits (float32
+log-softmax of ``logits / temperature``) up to float rounding; tests hold every path to 1e-5 against that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import torch
+from torch import Tensor
+
+from agentrl.trainer.batching import MicroBatch
+from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.logprobs import chunked_entropy, full_logprobs, liger_available, liger_logprobs
+from agentrl.trainer.logprobs import liger_runnable, torch_logprobs
+
+log = logging.getLogger(__name__)
+
+
+def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype, device: torch.device,
+                   disable_dropout: bool) -> torch.nn.Module:
+    """Loads ``path`` with parameters in ``dtype`` on ``device``, KV cache off (training never uses it, and a
+    cache would hide packed sequences from transformers' mask builder)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model.to(device)
+    model.config.use_cache = False
+    if disable_dropout:
+        _disable_dropout(model)
+    return model
+
+
+def _disable_dropout(model: torch.nn.Module) -> None:
+    # Dropout would make the proximal (no-grad) and training forward passes disagree for identical weights.
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if hasattr(m, "attention_dropout") and isinstance(m.attention_dropout, float):
+            m.attention_dropout = 0.0
+
+
+def has_active_dropout(model: torch.nn.Module) -> bool:
+    """True when a training-mode forward is random (a dropout module or attention dropout above 0)."""
+    return any(
+        (isinstance(m, torch.nn.Dropout) and m.p > 0)
+        or (isinstance(getattr(m, "attention_dropout", None), float) and m.attention_dropout > 0)
+        for m in model.modules()
+    )
+
+
+def decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The model body that returns ``last_hidden_state`` (``model.model`` for HF causal LMs)."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+
+
+def head_is_plain_linear(model: torch.nn.Module, vocab_size: int) -> bool:
+    """True when the model's logits are exactly ``last_hidden_state @ output_embeddings.weight.T`` (checked on a
+    few tokens), so the chunked paths may compute them from the hidden states."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return False
+    device = head.weight.device
+    ids = (torch.arange(8, device=device) * 7919 % vocab_size)[None]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=False).logits.float()
+            hidden = decoder(model)(input_ids=ids, use_cache=False).last_hidden_state
+            mine = (hidden @ head.weight.t()).float()
+    except Exception as e:  # an architecture whose decoder cannot be called alone
+        log.warning("log-probs: cannot compute logits from hidden states (%s); using the full-logits path", e)
+        return False
+    finally:
+        model.train(was_training)
+    return bool(torch.allclose(mine, logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()) + 1e-6))
+
+
+def choose_logprob_impl(cfg: TrainerConfig, model: torch.nn.Module, vocab_size: int, device: torch.device) -> str:
+    """``torch``, ``liger`` or ``full`` for ``cfg.logprob_impl`` (see :class:`TrainerConfig`). Raises
+    ``ValueError`` naming ``logprob_impl`` when the requested path cannot run here."""
+    want = cfg.logprob_impl
+    if want == "full":
+        return "full"
+    if not head_is_plain_linear(model, vocab_size):
+        if want in ("torch", "liger"):
+            raise ValueError(f"logprob_impl: {want} needs an LM head that is a plain linear map of the last hidden "
+                             "states; this model's is not (softcapping, a logit scale or a bias): use "
+                             "logprob_impl: full or auto")
+        log.warning("log-probs: this model's LM head is not a plain linear map; using the full-logits path")
+        return "full"
+    if want == "liger":
+        if cfg.loss.entropy_coef > 0:
+            raise ValueError("logprob_impl: liger computes no entropy gradient, which loss.entropy_coef > 0 needs: "
+                             "use logprob_impl: torch or auto")
+        if not liger_runnable(device):
+            raise ValueError("logprob_impl: liger needs the liger-kernel package and a CUDA device (or "
+                             "TRITON_INTERPRET=1 for Triton's CPU interpreter): install liger-kernel or use "
+                             "logprob_impl: torch")
+        return "liger"
+    if want == "auto" and device.type == "cuda" and cfg.loss.entropy_coef == 0 and liger_available():
+        return "liger"
+    return "torch"
+
+
+def configure_layers(model: torch.nn.Module, cfg: TrainerConfig) -> None:
+    """Gradient checkpointing of every ``cfg.checkpoint_every``-th decoder layer (when
+    ``cfg.gradient_checkpointing``) and ``torch.compile`` of each decoder layer (``cfg.compile_layers``)."""
+    layers = getattr(decoder(model), "layers", None)
+    if (cfg.compile_layers or (cfg.gradient_checkpointing and cfg.checkpoint_every > 1)) and layers is None:
+        raise ValueError("compile_layers / checkpoint_every > 1 need a decoder with a `layers` list; this model "
+                         "has none")
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.checkpoint_every > 1:
+            for i, layer in enumerate(layers):
+                layer.gradient_checkpointing = i % cfg.checkpoint_every == 0
+    if cfg.compile_layers:
+        # Per layer, not the whole model: one compiled graph serves every layer, and lengths vary per
+        # micro-batch (dynamic shapes after the first recompile).
+        for layer in layers:
+            layer.compile()
+
+
+def autocast(device: torch.device, compute_dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    if compute_dtype == torch.bfloat16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, *, impl: str, compute_dtype: torch.dtype,
+                         temperature: float, entropy: bool = False,
+                         entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Returns ``logp: [b, T]`` of the micro-batch's targets (float32, at ``temperature``) and, if ``entropy``,
+    ``entropy: [b, T]`` of the next-token distribution (with gradient only if ``entropy_grad``; on the ``liger``
+    path only at loss positions, which is where the metric reads it). ``compute_dtype`` is the autocast dtype of
+    the forward; parameters already in a lower precision (a bf16 reference model) project in their own."""
+    dev = mb.input_ids.device
+    with autocast(dev, compute_dtype):
+        if impl == "full":
+            logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits
+            flat = logits.reshape(-1, logits.shape[-1]).index_select(0, mb.src)
+            del logits
+            lp, ent = full_logprobs(flat, mb.targets, temperature=temperature, want_entropy=entropy,
+                                    entropy_grad=entropy_grad)
+        else:
+            hidden = decoder(model)(input_ids=mb.input_ids, position_ids=mb.position_ids,
+                                    use_cache=False).last_hidden_state
+            h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.src)
+            del hidden
+            w = model.get_output_embeddings().weight
+            dt = w.dtype if w.dtype != torch.float32 else compute_dtype
+            if impl == "torch":
+                lp, ent = torch_logprobs(h, w, mb.targets, temperature=temperature, compute_dtype=dt,
+                                         want_entropy=entropy, entropy_grad=entropy_grad)
+            else:
+                lp = liger_logprobs(h, w, mb.targets, temperature=temperature)
+                ent = None
+                if entropy:  # a metric only: choose_logprob_impl never picks liger for an entropy bonus
+                    sel = mb.mask[mb.rows, mb.cols] > 0
+                    ent = torch.zeros_like(lp)
+                    ent[sel] = chunked_entropy(h.detach()[sel], w, temperature=temperature, compute_dtype=dt)
+    return mb.scatter(lp), (None if ent is None else mb.scatter(ent))
