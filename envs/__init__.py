@@ -123,4 +123,4 @@ def scripted_policy(env_id: str):
     return ScriptedPolicy(lambda conversation, meta: solve(conversation))
 
 
-__all__ = ["BUILTINS", "solver_for", "scripted_policy"]
+__all__ = ["BUILTINS", "mistakes_for", "solver_for", "scripted_policy"]
