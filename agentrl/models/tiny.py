@@ -85,10 +85,11 @@ VARIANTS: dict[str, ModelVariant] = {
     # Its tokenizer was fixed before ToolLookup-v0 existed: that env's texts stay out, so fresh builds keep the
     # same merges (and the quickstart's figures stay comparable).
     "tiny": ModelVariant(TinyModelSpec(), "tiny-model", "AGENTRL_TINY_MODEL", skip_envs=("agentrl/ToolLookup-v0",)),
-    # The tool-use demo's model (configs/tooluse.yaml): 4 heads of 64 (vLLM's CPU attention needs head_dim >= 64),
-    # 4 layers; the corpus holds whole ToolLookup episodes, so names, cities and the tool-call JSON are few tokens.
+    # The tool-use demo's model (configs/tooluse.yaml): twice as wide as tiny (4 heads of 64: vLLM's CPU attention
+    # needs head_dim >= 64), 2 layers (copying a name or a number from earlier turns needs an induction pair), 1.4M
+    # parameters; the corpus holds whole ToolLookup episodes, so its words and tool-call JSON are fewer tokens.
     "tiny-tool": ModelVariant(
-        TinyModelSpec(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+        TinyModelSpec(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2),
         "tiny-tool-model", "AGENTRL_TINY_TOOL_MODEL",
         episode_envs=("agentrl/ToolLookup-v0",), episodes_per_env=2000),
