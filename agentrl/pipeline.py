@@ -295,6 +295,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
     model_dir = Path(EngineConfig(model=cfg.engine.model).resolved_model())
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     start_model = model_dir
+    t_warm = time.perf_counter()
     if cfg.warm_start.episodes:
         ws_dir = files.root / "warmstart"
         if (ws_dir / "model").is_dir():
@@ -303,6 +304,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
             log.info("warm start: %d scripted episodes (noise %.2f), %d SFT steps",
                      cfg.warm_start.episodes, cfg.warm_start.noise, cfg.warm_start.steps)
             start_model = await warm_start(cfg, model_dir, ws_dir, tokenizer)
+    t_rl = time.perf_counter()
 
     trainer = create_trainer_actor(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
                                    num_gpus=1 if cfg.trainer.device == "cuda" else 0)
@@ -332,7 +334,10 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
 
         policy = AgentLoopPolicy(engine, tokenizer, cfg.rollout)
         summary = await _loop(cfg, files, trainer, engine, policy, tasks, step0, history, writer, tokenizer)
+        # This process's times (a resumed run counts from its restart): set-up + warm start + RL phase = wall_s.
         summary["wall_s"] = time.perf_counter() - t_start
+        summary["warm_start_s"] = t_rl - t_warm
+        summary["rl_wall_s"] = time.perf_counter() - t_rl  # engine start, evaluations and RL steps
         _atomic_write(files.root / "summary.json", json.dumps(summary, indent=2))
         return summary
     finally:
