@@ -32,6 +32,50 @@ def _loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
+def _tree_cpu(root: int, seen: dict[int, float]) -> None:
+    """Records in ``seen`` the CPU seconds (user + system) of ``root`` and every live descendant (the driver, Ray's
+    processes, the trainer actor, vLLM's engine core), so that the largest value seen per pid survives its exit.
+    Processes that live between two samples are missed: the sum is a lower bound."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d.name)] = int(fields[1])
+        cpu[int(d.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {root}, [root]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in tree]
+        tree.update(kids)
+        frontier.extend(kids)
+    for p in tree:
+        if p in cpu:
+            seen[p] = max(seen.get(p, 0.0), cpu[p])
+
+
+def watch(pid: int, stop: threading.Event, every_s: float = 15.0) -> tuple[list[float], dict[int, float]]:
+    """Samples the load average and the CPU time of ``pid``'s process tree every ``every_s`` until ``stop``;
+    returns ``(load samples, {pid: cpu seconds})`` (filled in place while it runs)."""
+    samples, seen = [_loadavg()], {}
+
+    def loop() -> None:
+        while True:
+            _tree_cpu(pid, seen)
+            if stop.wait(every_s):
+                break
+            samples.append(_loadavg())
+        samples.append(_loadavg())
+
+    threading.Thread(target=loop, daemon=True).start()
+    return samples, seen
+
+
 def run_seed(config: str, seed: int, run_dir: Path, extra: list[str]) -> dict:
     """Runs one seed to completion (or resumes it if ``run_dir`` holds a partial run); returns the load samples and
     the command."""
@@ -39,22 +83,18 @@ def run_seed(config: str, seed: int, run_dir: Path, extra: list[str]) -> dict:
            f"trainer.seed={seed}", f"engine.seed={seed}", f"env.seed_start={seed * 100_000}", "progress=false", *extra]
     if (run_dir / "metrics.jsonl").exists():
         cmd.insert(2, "--resume")
-    samples, stop = [_loadavg()], threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(15):
-            samples.append(_loadavg())
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
+    stop = threading.Event()
     t0 = time.perf_counter()
     with open(run_dir.parent / f"{run_dir.name}.log", "ab") as log:
-        rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        samples, seen = watch(proc.pid, stop)
+        rc = proc.wait()
     stop.set()
-    samples.append(_loadavg())
+    time.sleep(0.5)
     if rc != 0:
         raise SystemExit(f"seed {seed}: `{' '.join(cmd)}` exited {rc}; see {run_dir.parent / (run_dir.name + '.log')}")
-    return {"cmd": " ".join(cmd), "process_s": time.perf_counter() - t0, "load_samples": samples}
+    return {"cmd": " ".join(cmd), "process_s": time.perf_counter() - t0, "load_samples": samples,
+            "cpu_s": sum(seen.values())}
 
 
 def read_run(run_dir: Path) -> dict:
