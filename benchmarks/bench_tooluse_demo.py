@@ -113,11 +113,39 @@ def read_run(run_dir: Path) -> dict:
     return out
 
 
+def lookup_name_accuracy(run_dir: Path, steps: tuple[int, int]) -> tuple[int, int]:
+    """``(right, calls)``: of the ``lookup`` calls in the trained batches of steps ``steps[0]..steps[1]``, how many
+    name the person the question asks about (the copy a warm-started policy must have before RL can find rewards)."""
+    from agentrl.tools import parse_tool_calls
+
+    path, right, calls = run_dir / "trajectories.jsonl", 0, 0
+    if not path.exists():
+        return 0, 0
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not steps[0] <= rec.get("step", -1) <= steps[1]:
+            continue
+        msgs = rec["trajectory"]["messages"]
+        question = next((m["content"] for m in msgs if m["role"] == "user"), "")
+        for m in msgs:
+            if m["role"] != "assistant":
+                continue
+            for c in parse_tool_calls(m["content"]).calls:
+                if c.name == "lookup":
+                    calls += 1
+                    name = str(c.arguments.get("name", "")).strip()
+                    right += bool(name) and f" {name} " in f" {question} ".replace("?", " ")
+    return right, calls
+
+
 def table(runs: list[dict]) -> str:
     """A markdown table, one row per run."""
     head = ("| seed | held-out success: warm start → after RL (gain) | held-out reward | parse errors / episode | "
-            "invalid actions / episode | RL steps | RL phase (evals incl.) | warm start | whole run | load avg "
-            "(min–max, mean) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            "invalid actions / episode | lookups naming the asked person, first → last 2 RL steps | RL steps | RL phase (evals incl.) | warm start | whole run | load avg "
+            "(min–max, mean) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     lines = [head]
     for r in runs:
         s = r["summary"]
@@ -129,9 +157,12 @@ def table(runs: list[dict]) -> str:
             f"{a.get('reward', float('nan')):.3f} | {b.get('parse_errors_per_episode', float('nan')):.3f} → "
             f"{a.get('parse_errors_per_episode', float('nan')):.3f} | "
             f"{b.get('invalid_actions_per_episode', float('nan')):.3f} → "
-            f"{a.get('invalid_actions_per_episode', float('nan')):.3f} | {s.get('steps')} | "
+            f"{a.get('invalid_actions_per_episode', float('nan')):.3f} | "
+            f"{'/'.join(map(str, r.get('lookup_name_first2', ('?', '?'))))} → "
+            f"{'/'.join(map(str, r.get('lookup_name_last2', ('?', '?'))))} | {s.get('steps')} | "
             f"{s.get('rl_wall_s', float('nan')) / 60:.1f} min | {s.get('warm_start_s', float('nan')) / 60:.1f} min | "
-            f"{s.get('wall_s', float('nan')) / 60:.1f} min | {min(load):.1f}–{max(load):.1f}, "
+            f"{s.get('wall_s', float('nan')) / 60:.1f} min (≥ {r.get('cpu_s', float('nan')):.0f} CPU-s) | "
+            f"{min(load):.1f}–{max(load):.1f}, "
             f"{sum(load) / len(load):.1f} |")
     return "\n".join(lines)
 
@@ -209,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             meta = {"seed": seed, **run_seed(args.config, seed, d, extra)}
             (d / "bench.json").write_text(json.dumps(meta, indent=2))
     runs = [read_run(d) for d in dirs]
+    for d, r in zip(dirs, runs):
+        r["lookup_name_first2"] = lookup_name_accuracy(d, (1, 2))
+        r["lookup_name_last2"] = lookup_name_accuracy(d, (max(1, len(r["rows"]) - 1), len(r["rows"])))
     for seed, r in zip(args.seeds, runs):
         r.setdefault("seed", seed)
     out.mkdir(parents=True, exist_ok=True)
