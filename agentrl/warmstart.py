@@ -2,8 +2,9 @@
 
 A tiny model trained from scratch cannot act at all, so the CPU quickstart first imitates a deliberately noisy
 scripted policy (the env's solver, with a fraction ``noise`` of its moves replaced by random ones, or by the env's
-own scripted mistakes: ``agentrl.envs.mistakes_for``) and then improves on it with RL. The demonstrations go through the same token path as real rollouts (:class:`DemoPolicy` reuses the
-agent loop's session and only replaces the engine call), so SFT sees exactly the token layout that RL will.
+own scripted mistakes: ``agentrl.envs.mistakes_for``) and then improves on it with RL. The demonstrations go
+through the same token path as real rollouts (:class:`DemoPolicy` reuses the agent loop's session and only replaces
+the engine call), so SFT sees exactly the token layout that RL will.
 """
 
 from __future__ import annotations
