@@ -114,9 +114,20 @@ class RunFiles:
 
 
 # ------------------------------------------------------------------------------------------------- evaluation
+def tool_metrics(trajs: list[Any]) -> dict[str, float]:
+    """Per-episode means over ``trajs``: ``parse_errors_per_episode`` (malformed tool calls, the agent loop's
+    ``chat/tool_parse_errors``) and, when the env counts them in its info, ``invalid_actions_per_episode``."""
+    if not trajs:
+        return {}
+    out = {"parse_errors_per_episode": sum(t.info.get("chat/tool_parse_errors", 0) for t in trajs) / len(trajs)}
+    if any("invalid_actions" in t.info for t in trajs):
+        out["invalid_actions_per_episode"] = sum(t.info.get("invalid_actions", 0) for t in trajs) / len(trajs)
+    return out
+
+
 async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, episodes: int) -> dict[str, float]:
-    """Returns the mean reward and the share of episodes with reward > 0 of the engine's current policy on the first
-    ``episodes`` held-out seeds (``EVAL_SEED_START + i``)."""
+    """Returns the mean reward, the share of episodes with reward > 0 and :func:`tool_metrics` of the engine's current
+    policy on the first ``episodes`` held-out seeds (``EVAL_SEED_START + i``)."""
     from agentrl.manager import EnvManager
     from agentrl.rollout import AgentLoopPolicy
 
@@ -131,20 +142,20 @@ async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, episodes: int)
         trajs = await mgr.run_episodes(specs)
     rewards = [t.reward for t in trajs]
     return {"reward": sum(rewards) / len(rewards), "success": sum(r > 0 for r in rewards) / len(rewards),
-            "episodes": float(len(rewards))}
+            "episodes": float(len(rewards)), **tool_metrics(trajs)}
 
 
 # ------------------------------------------------------------------------------------------------- warm start
 async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer: Any) -> Path:
     """Trains ``model_dir`` on noisy scripted demonstrations and saves the result under ``out_dir`` (atomically);
     returns the directory of the warm-started model."""
-    from agentrl.envs import solver_for
+    from agentrl.envs import mistakes_for, solver_for
     from agentrl.manager import EnvManager
     from agentrl.trainer.trainer import Trainer
     from agentrl.warmstart import DemoPolicy, noisy
 
     ws = cfg.warm_start
-    fn = noisy(solver_for(cfg.env.id), ws.noise_actions, ws.noise, seed=cfg.seed)
+    fn = noisy(solver_for(cfg.env.id), ws.noise_actions or mistakes_for(cfg.env.id), ws.noise, seed=cfg.seed)
     policy = DemoPolicy(fn, tokenizer, cfg.rollout)
     mcfg = dataclasses.replace(cfg.manager, workers=0, async_ratio=None, num_groups=1, group_size=1,
                                extra_groups=0, extra_per_group=0)
@@ -286,6 +297,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
     model_dir = Path(EngineConfig(model=cfg.engine.model).resolved_model())
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     start_model = model_dir
+    t_warm = time.perf_counter()
     if cfg.warm_start.episodes:
         ws_dir = files.root / "warmstart"
         if (ws_dir / "model").is_dir():
@@ -294,6 +306,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
             log.info("warm start: %d scripted episodes (noise %.2f), %d SFT steps",
                      cfg.warm_start.episodes, cfg.warm_start.noise, cfg.warm_start.steps)
             start_model = await warm_start(cfg, model_dir, ws_dir, tokenizer)
+    t_rl = time.perf_counter()
 
     trainer = create_trainer_actor(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
                                    num_gpus=1 if cfg.trainer.device == "cuda" else 0)
@@ -324,7 +337,10 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
 
         policy = make_policy(engine, tokenizer, cfg.rollout)
         summary = await _loop(cfg, files, trainer, engine, policy, tasks, step0, history, writer, tokenizer)
+        # This process's times (a resumed run counts from its restart): set-up + warm start + RL phase = wall_s.
         summary["wall_s"] = time.perf_counter() - t_start
+        summary["warm_start_s"] = t_rl - t_warm
+        summary["rl_wall_s"] = time.perf_counter() - t_rl  # engine start, evaluations and RL steps
         _atomic_write(files.root / "summary.json", json.dumps(summary, indent=2))
         return summary
     finally:
@@ -396,6 +412,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                     "wall_s": time.time(),
                     "tasks": trained_tasks,  # the ledger: every task is trained at exactly one step
                 })
+                row.update(_flatten(tool_metrics(trajs), "tool/"))
                 if cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.steps:
                     row.update(_flatten(await evaluate(engine, tokenizer, cfg, cfg.eval.episodes), "eval/"))
                 await tlog.write_step(version, trajs, trainer if cfg.trainer.record_logprobs else None)

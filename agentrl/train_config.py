@@ -41,7 +41,8 @@ class EnvConfig:
 @dataclass
 class WarmStartConfig:
     """Supervised warm start on the env's scripted solver, with a fraction ``noise`` of its actions replaced by a
-    random one of ``noise_actions``; ``episodes: 0`` disables it. Runs once per run directory."""
+    random one of ``noise_actions`` (empty: the env's own scripted mistakes, ``agentrl.envs.mistakes_for``);
+    ``episodes: 0`` disables it. Runs once per run directory."""
 
     episodes: int = 0
     noise: float = 0.5
@@ -55,8 +56,6 @@ class WarmStartConfig:
             raise ValueError("episodes and steps must be >= 0 and batch_size >= 1")
         if not 0.0 <= self.noise <= 1.0:
             raise ValueError(f"noise must be in [0, 1], got {self.noise}")
-        if self.episodes and self.noise > 0 and not self.noise_actions:
-            raise ValueError("noise_actions must list the random actions when noise > 0")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
@@ -119,6 +118,15 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.manager.async_ratio is not None:
             raise ValueError("set async_ratio at the top level, not manager.async_ratio")
+        ws = self.warm_start
+        if ws.episodes and ws.noise > 0 and not ws.noise_actions:
+            from agentrl.envs import mistakes_for
+
+            try:
+                mistakes_for(self.env.id)
+            except LookupError:
+                raise ValueError(f"warm_start.noise_actions must list the random actions when noise > 0 ({self.env.id} "
+                                 f"has no scripted mistakes)") from None
         m = self.manager
         if m.batch_size is not None and m.batch_size != m.num_groups * m.group_size:
             raise ValueError(f"manager.batch_size ({m.batch_size}) must be null or num_groups * group_size "

@@ -1,9 +1,10 @@
 """Warm start on scripted demonstrations: scripted actions recorded as the agent loop would record tokens.
 
 A tiny model trained from scratch cannot act at all, so the CPU quickstart first imitates a deliberately noisy
-scripted policy (the env's solver, with a fraction ``noise`` of its moves replaced by random ones) and then improves
-on it with RL. The demonstrations go through the same token path as real rollouts (:class:`DemoPolicy` reuses the
-agent loop's session and only replaces the engine call), so SFT sees exactly the token layout that RL will.
+scripted policy (the env's solver, with a fraction ``noise`` of its moves replaced by random ones, or by the env's
+own scripted mistakes: ``agentrl.envs.mistakes_for``) and then improves on it with RL. The demonstrations go
+through the same token path as real rollouts (:class:`DemoPolicy` reuses the agent loop's session and only replaces
+the engine call), so SFT sees exactly the token layout that RL will.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agentrl.policy import EpisodeMeta
 from agentrl.rollout import AgentLoopPolicy, AgentLoopSession, RolloutConfig
 
 ActionFn = Callable[[list[Message], EpisodeMeta], str]
+MistakeFn = Callable[[list[Message], random.Random], str]
 
 
 class _DemoSession(AgentLoopSession):
@@ -45,15 +47,19 @@ class DemoPolicy(AgentLoopPolicy):
         return 0
 
 
-def noisy(solver: Callable[[list[Message]], str], actions: list[str], noise: float, seed: int = 0) -> ActionFn:
-    """Returns an action function that plays ``solver`` but, with probability ``noise`` per turn, a uniformly random
-    choice from ``actions`` instead (deterministic given ``seed`` and the trajectory id and turn)."""
+def noisy(solver: Callable[[list[Message]], str], actions: list[str] | MistakeFn, noise: float,
+          seed: int = 0) -> ActionFn:
+    """Returns an action function that plays ``solver`` but, with probability ``noise`` per turn, a mistake instead:
+    a uniformly random choice from ``actions`` when it is a list, else ``actions(conversation, rng)`` (an env's
+    state-dependent scripted mistakes). Deterministic given ``seed`` and the trajectory id and turn."""
+    if not callable(actions) and not actions and noise > 0:
+        raise ValueError("noisy: noise > 0 needs actions (a non-empty list or a mistake function)")
 
     def act(conversation: list[Message], meta: EpisodeMeta) -> str:
         turn = sum(1 for m in conversation if m["role"] == "assistant")
         rng = random.Random(f"{seed}/{meta.trajectory_id}/{turn}")
         if rng.random() < noise:
-            return rng.choice(actions)
+            return actions(conversation, rng) if callable(actions) else rng.choice(actions)
         return solver(conversation)
 
     return act

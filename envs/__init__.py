@@ -7,6 +7,7 @@ agentrl/FrozenLake-v0    agentrl.envs.frozenlake:FrozenLakeEnv        20
 agentrl/GuessNumber-v0   agentrl.envs.guess_number:GuessNumberEnv     none (guess budget)
 agentrl/Arithmetic-v0    agentrl.envs.arithmetic:ArithmeticEnv        none (single turn)
 agentrl/ToolUse-v0       agentrl.envs.tool_use:ToolUseEnv             8
+agentrl/ToolLookup-v0    agentrl.envs.tool_lookup:ToolLookupEnv       5
 agentrl/SWE-v0           agentrl.envs.swe.env:SWEEnv                  none (env bounds)
 agentrl/BFCL-*-v0        agentrl.envs.bfcl (17 categories)            1 (single turn) / none
 ======================== ============================================ ==================
@@ -16,7 +17,8 @@ Every procedurally generated built-in env class has a scripted solver, ``Class.s
 demos and warm-start demonstrations. :func:`solver_for` finds it from an id, :func:`scripted_policy` wraps it as
 an ``agentrl.policy.ScriptedPolicy``. Benchmark envs whose answers the conversation does not reveal (BFCL, SWE)
 have instead an instance method ``solve`` for the current episode and an ``oracle_policy()`` that finds the task
-from ``meta.task``.
+from ``meta.task``. An env class may also have ``Class.mistake(conversation, rng) -> action``: a plausible wrong
+action for the same state (for noisy warm-start demonstrations; :func:`mistakes_for`).
 
 This module is imported by ``import agentrl``: it must stay light (the env modules are imported lazily by
 ``agentrl.make``).
@@ -51,6 +53,11 @@ BUILTINS: dict[str, dict[str, Any]] = {
         "entry_point": "agentrl.envs.tool_use:ToolUseEnv",
         "max_episode_steps": 8,
         "description": "Answer questions about a hidden people table with lookup and calculator tool calls.",
+    },
+    "agentrl/ToolLookup-v0": {
+        "entry_point": "agentrl.envs.tool_lookup:ToolLookupEnv",
+        "max_episode_steps": 5,
+        "description": "One question about a hidden person, answered with 1-2 lookup/calculator tool calls.",
     },
     # No TimeLimit: the env bounds turns, time and output itself and grades the diff when a bound is hit.
     "agentrl/SWE-v0": {
@@ -92,6 +99,22 @@ def solver_for(env_id: str) -> Callable[[list[dict[str, Any]]], str]:
     return getattr(entry_point, "solve")
 
 
+def mistakes_for(env_id: str) -> Callable[[list[dict[str, Any]], Any], str]:
+    """Returns the scripted mistakes ``mistake(conversation, rng: random.Random) -> action`` of the env class
+    registered as ``env_id``: a plausible wrong action for the state the solver would act in.
+
+    Raises ``agentrl.RegistrationError`` for an unknown id and ``LookupError`` if the class has no ``mistake``.
+    """
+    entry_point = spec(env_id).entry_point
+    if isinstance(entry_point, str):
+        module, _, attr = entry_point.partition(":")
+        entry_point = getattr(importlib.import_module(module), attr)
+    mistake = getattr(entry_point, "mistake", None)
+    if not callable(mistake):
+        raise LookupError(f"env {env_id!r} ({entry_point!r}) has no scripted mistakes (a callable 'mistake' attribute)")
+    return mistake
+
+
 def scripted_policy(env_id: str):
     """Returns an ``agentrl.policy.ScriptedPolicy`` that plays ``env_id`` with its scripted solver."""
     from agentrl.policy import ScriptedPolicy
@@ -100,4 +123,4 @@ def scripted_policy(env_id: str):
     return ScriptedPolicy(lambda conversation, meta: solve(conversation))
 
 
-__all__ = ["BUILTINS", "solver_for", "scripted_policy"]
+__all__ = ["BUILTINS", "mistakes_for", "solver_for", "scripted_policy"]

@@ -1,5 +1,5 @@
-"""``agentrl models build [--out DIR] [--seed N] [--force]``: builds the tiny CPU model (tokenizer, chat template,
-random-init Qwen2 weights) into a Hugging Face model directory and prints its path."""
+"""``agentrl models build [--variant NAME] [--out DIR] [--seed N] [--force]``: builds a tiny CPU model (tokenizer,
+chat template, random-init Qwen2 weights) into a Hugging Face model directory and prints its path."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("models", help="build the tiny model used by CPU tests and demos")
     sub = parser.add_subparsers(dest="models_command", metavar="ACTION")
     build = sub.add_parser("build", help="build the tiny Qwen2-architecture model and its tokenizer")
-    build.add_argument("--out", default=None, help="output directory (default: $AGENTRL_TINY_MODEL or ~/.cache/agentrl/tiny-model)")
+    build.add_argument("--variant", default="tiny", help="tiny (default) or tiny-tool (the tool-use demo's model)")
+    build.add_argument("--out", default=None, help="output directory (default: $AGENTRL_TINY_MODEL or "
+                       "~/.cache/agentrl/tiny-model; tiny-tool: $AGENTRL_TINY_TOOL_MODEL or ~/.cache/agentrl/tiny-tool-model)")
     build.add_argument("--seed", type=int, default=0, help="random-init and corpus seed (default 0)")
     build.add_argument("--force", action="store_true", help="rebuild even if an up-to-date model is there")
     build.set_defaults(func=_build)
@@ -20,10 +22,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _build(args: argparse.Namespace) -> int:
     import time
 
-    from agentrl.models import build_tiny_model, ensure_tiny_model, read_marker
+    from agentrl.models import VARIANTS, build_tiny_model, ensure_tiny_model, read_marker
 
+    if args.variant not in VARIANTS:
+        print(f"agentrl models build: --variant {args.variant!r} is not one of {sorted(VARIANTS)}")
+        return 2
     t0 = time.perf_counter()
-    path = build_tiny_model(args.out, seed=args.seed) if args.force else ensure_tiny_model(args.out, seed=args.seed)
+    path = (build_tiny_model(args.out, seed=args.seed, variant=args.variant) if args.force
+            else ensure_tiny_model(args.out, seed=args.seed, variant=args.variant))
     marker = read_marker(path) or {}
     print(f"{path}  ({marker.get('parameters', '?')} parameters, vocab {marker.get('tokenizer_size', '?')}, "
           f"{time.perf_counter() - t0:.1f} s)")

@@ -3,7 +3,7 @@
 YAML example (``inference:`` section of a run config)::
 
     backend: vllm            # or: remote
-    model: tiny              # a model directory; "tiny" = the project's tiny CPU model (built on first use)
+    model: tiny              # a model directory; "tiny" / "tiny-tool" = the project's tiny CPU models (built on first use)
     dtype: auto              # auto = the checkpoint's dtype (the tiny model is float32)
     max_model_len: 2048
     pause_mode: abort        # weight updates abort in-flight requests (resubmitted by the agent loop) or keep them
@@ -27,7 +27,8 @@ class EngineConfig:
     - ``backend``: ``"vllm"`` runs vLLM's ``AsyncLLM`` in this process (its engine core in a child process);
       ``"remote"`` talks to OpenAI-compatible vLLM servers at ``urls``.
     - ``model``: model directory (or hub name on hosts that can reach a hub); ``"tiny"`` means the project's tiny
-      model, built into ``$AGENTRL_TINY_MODEL`` or ``~/.cache/agentrl/tiny-model`` if missing. For ``remote``, the
+      model, built into ``$AGENTRL_TINY_MODEL`` or ``~/.cache/agentrl/tiny-model`` if missing, and ``"tiny-tool"`` the
+      tool-use demo's variant (``~/.cache/agentrl/tiny-tool-model``; ``agentrl.models.VARIANTS``). For ``remote``, the
       name the servers serve (``--served-model-name``; defaults to the path they were started with).
     - ``kv_cache_space_gib``: vLLM CPU only (``VLLM_CPU_KVCACHE_SPACE``); ``gpu_memory_utilization`` is also what
       the CPU backend checks against NUMA node 0's memory, hence 0.5 rather than vLLM's 0.9.
@@ -140,11 +141,12 @@ class EngineConfig:
         return self.backend == "vllm" and (self.replicas > 1 or self.resolved_weight_sync() in ("nccl", "gloo"))
 
     def resolved_model(self) -> str:
-        """The model path to load: ``"tiny"`` is built (if missing) and replaced by its directory."""
-        if self.model == "tiny":
-            from agentrl.models import ensure_tiny_model
+        """The model path to load: a tiny variant's name (``"tiny"``, ``"tiny-tool"``) is built (if missing) and
+        replaced by its directory."""
+        from agentrl.models import VARIANTS, ensure_tiny_model
 
-            return str(ensure_tiny_model())
+        if self.model in VARIANTS:
+            return str(ensure_tiny_model(variant=self.model))
         return self.model
 
 

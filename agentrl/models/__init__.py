@@ -7,6 +7,8 @@ from agentrl.models.tiny import (
     ADDED_TOKENS,
     BUILDER_VERSION,
     SPECIAL_TOKENS,
+    VARIANTS,
+    ModelVariant,
     TinyModelSpec,
     build_tiny_model,
     default_model_dir,
@@ -16,6 +18,6 @@ from agentrl.models.tiny import (
 )
 
 __all__ = [
-    "ADDED_TOKENS", "BUILDER_VERSION", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "TinyModelSpec", "build_tiny_model",
+    "ADDED_TOKENS", "BUILDER_VERSION", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "ModelVariant", "TinyModelSpec", "VARIANTS", "build_tiny_model",
     "default_model_dir", "ensure_tiny_model", "read_marker", "train_tokenizer",
 ]

@@ -138,15 +138,15 @@ def _render(messages: list[dict], tools: list[dict] | None = None) -> str:
     return "".join(parts)
 
 
-def _env_texts(max_per_env: int = 8) -> Iterator[str]:
-    """Reset observations of the registered built-in envs (best effort; skips any env that fails)."""
+def _env_texts(max_per_env: int = 8, skip: tuple[str, ...] = ()) -> Iterator[str]:
+    """Reset observations of the registered built-in envs but ``skip`` (best effort; skips any env that fails)."""
     try:
         import agentrl
     except Exception:
         return
     for env_id in sorted(agentrl.registered_ids()):
         # Built-in envs only; SWE envs start sandboxes on reset, which a model build must not do.
-        if not env_id.startswith("agentrl/") or "swe" in env_id.lower():
+        if not env_id.startswith("agentrl/") or "swe" in env_id.lower() or env_id in skip:
             continue
         for seed in range(max_per_env):
             try:
@@ -163,8 +163,10 @@ def _env_texts(max_per_env: int = 8) -> Iterator[str]:
                 yield _render([m for m in obs if isinstance(m, dict) and isinstance(m.get("content"), str)])
 
 
-def generate_corpus(seed: int = 0, n_dialogues: int = 3000, include_envs: bool = True) -> list[str]:
-    """Returns the training texts (one string each). Same ``seed`` and same registered envs -> same corpus."""
+def generate_corpus(seed: int = 0, n_dialogues: int = 3000, include_envs: bool = True,
+                    skip_envs: tuple[str, ...] = ()) -> list[str]:
+    """Returns the training texts (one string each). Same ``seed`` and same registered envs -> same corpus.
+    ``skip_envs``: env ids whose reset observations stay out."""
     rng = random.Random(seed)
     texts: list[str] = []
     makers = (_math_turns, _guess_turns, _grid_turns, _tool_turns)
@@ -180,5 +182,42 @@ def generate_corpus(seed: int = 0, n_dialogues: int = 3000, include_envs: bool =
     texts.extend(SHELL * 20)
     texts.append(" ".join(str(i) for i in range(1000)))
     if include_envs:
-        texts.extend(list(_env_texts()) * 4)  # few but exactly what the envs send: weigh them up
+        texts.extend(list(_env_texts(skip=skip_envs)) * 4)  # few but exactly what the envs send: weigh them up
+    return texts
+
+
+def episode_texts(env_id: str, episodes: int, seed: int = 0, mistake_rate: float = 0.3) -> list[str]:
+    """Returns ``episodes`` whole episodes of ``env_id`` rendered with the tiny model's chat template (tool schemas
+    included when the env gives them): its scripted solver plays, with a fraction ``mistake_rate`` of the turns
+    replaced by the env's scripted mistakes when it has them. For a tokenizer specialised on one env: its markup,
+    words, names and tool calls become few tokens each."""
+    import agentrl
+    from agentrl.envs import mistakes_for, solver_for
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from agentrl.models.chat_template import CHAT_TEMPLATE
+
+    solve = solver_for(env_id)
+    try:
+        mistake = mistakes_for(env_id)
+    except LookupError:
+        mistake = None
+    rng = random.Random(seed)
+    env = agentrl.make(env_id)
+    texts = []
+    try:
+        for i in range(episodes):
+            obs, info = env.reset(seed=seed * 1_000_003 + i)
+            convo = [dict(m) for m in obs]
+            for _ in range(32):
+                action = mistake(convo, rng) if mistake and rng.random() < mistake_rate else solve(convo)
+                convo.append({"role": "assistant", "content": action})
+                obs, _, terminated, truncated, _ = env.step(action)
+                convo.extend(dict(m) for m in obs)
+                if terminated or truncated:
+                    break
+            rendered, _ = render_jinja_template([convo], tools=info.get("tools"), chat_template=CHAT_TEMPLATE)
+            texts.append(rendered[0])
+    finally:
+        env.close()
     return texts

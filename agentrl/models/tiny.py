@@ -1,14 +1,20 @@
-"""Builds the tiny Qwen2-architecture model the CPU tests, benchmarks and demo run on, from nothing and offline.
+"""Builds the tiny Qwen2-architecture models the CPU tests, benchmarks and demos run on, from nothing and offline.
 
 The result is an ordinary Hugging Face model directory (``config.json``, ``model.safetensors``, ``tokenizer.json``,
 ``tokenizer_config.json``, ``chat_template.jinja``, ``generation_config.json``) that vLLM,
 ``transformers.AutoModelForCausalLM`` / ``AutoTokenizer`` and the trainer load by path. Weights are a seeded random
 init, so the same arguments give the same files on the same library versions.
+
+Named variants (:data:`VARIANTS`, the names ``engine.model`` accepts): ``tiny`` (the tests' and the quickstart's
+model, ``~/.cache/agentrl/tiny-model``) and ``tiny-tool`` (the tool-use demo's: wider and deeper, with a tokenizer
+that also learned whole ``agentrl/ToolLookup-v0`` episodes; ``~/.cache/agentrl/tiny-tool-model``). Each variant has
+its own directory, spec and corpus; building one never touches another's directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -61,10 +67,48 @@ class TinyModelSpec:
             raise ValueError(f"vocab_size must cover the 256 byte symbols and the special tokens, got {self.vocab_size}")
 
 
-def default_model_dir() -> Path:
-    """``$AGENTRL_TINY_MODEL`` if set, else ``~/.cache/agentrl/tiny-model``."""
-    env = os.environ.get("AGENTRL_TINY_MODEL")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "agentrl" / "tiny-model"
+@dataclass(frozen=True)
+class ModelVariant:
+    """A named tiny model: its ``spec`` (the seed is the build's), its cache directory ``dir_name`` under
+    ``~/.cache/agentrl`` (``$<env_var>`` overrides it), and its tokenizer corpus: the shared corpus without the reset
+    observations of ``skip_envs``, plus ``episodes_per_env`` whole rendered episodes of each of ``episode_envs``."""
+
+    spec: TinyModelSpec
+    dir_name: str
+    env_var: str
+    skip_envs: tuple[str, ...] = ()
+    episode_envs: tuple[str, ...] = ()
+    episodes_per_env: int = 0
+
+
+VARIANTS: dict[str, ModelVariant] = {
+    # Its tokenizer was fixed before ToolLookup-v0 existed: that env's texts stay out, so fresh builds keep the
+    # same merges (and the quickstart's figures stay comparable).
+    "tiny": ModelVariant(TinyModelSpec(), "tiny-model", "AGENTRL_TINY_MODEL", skip_envs=("agentrl/ToolLookup-v0",)),
+    # The tool-use demo's model (configs/tooluse.yaml): twice as wide as tiny (4 heads of 64: vLLM's CPU attention
+    # needs head_dim >= 64), 2 layers (copying a name or a number from earlier turns needs an induction pair), 1.4M
+    # parameters; the corpus holds whole ToolLookup episodes, so its words and tool-call JSON are fewer tokens.
+    "tiny-tool": ModelVariant(
+        TinyModelSpec(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2),
+        "tiny-tool-model", "AGENTRL_TINY_TOOL_MODEL",
+        episode_envs=("agentrl/ToolLookup-v0",), episodes_per_env=2000),
+}
+
+
+def _variant(name: str) -> ModelVariant:
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        raise ValueError(f"unknown tiny model variant {name!r}; choose one of {sorted(VARIANTS)}") from None
+
+
+def default_model_dir(variant: str = "tiny") -> Path:
+    """The variant's directory: ``$AGENTRL_TINY_MODEL`` (``$AGENTRL_TINY_TOOL_MODEL``, ...) if set, else
+    ``~/.cache/agentrl/tiny-model`` (``tiny-tool-model``, ...)."""
+    v = _variant(variant)
+    env = os.environ.get(v.env_var)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "agentrl" / v.dir_name
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -105,16 +149,19 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 
 def build_tiny_model(out_dir: str | os.PathLike | None = None, *, seed: int = 0, spec: TinyModelSpec | None = None,
-                     include_envs: bool = True) -> Path:
-    """Builds the model into ``out_dir`` (default :func:`default_model_dir`), replacing what is there, and returns
-    the directory. Writes into a temporary sibling first and renames, so readers never see a half-written model."""
-    spec = spec or TinyModelSpec(seed=seed)
+                     include_envs: bool = True, variant: str = "tiny") -> Path:
+    """Builds the model ``variant`` (its spec unless ``spec`` is given) into ``out_dir`` (default
+    :func:`default_model_dir` of the variant), replacing what is there, and returns the directory. Writes into a
+    temporary sibling first and renames, so readers never see a half-written model. ``include_envs=False`` leaves
+    all env texts out of the tokenizer corpus."""
+    v = _variant(variant)
+    spec = spec or dataclasses.replace(v.spec, seed=seed)
     spec.validate()
-    out = Path(out_dir).expanduser() if out_dir is not None else default_model_dir()
+    out = Path(out_dir).expanduser() if out_dir is not None else default_model_dir(variant)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
     try:
-        _build_into(tmp, spec, include_envs)
+        _build_into(tmp, spec, include_envs, variant)
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.rename(out, old)
@@ -127,13 +174,17 @@ def build_tiny_model(out_dir: str | os.PathLike | None = None, *, seed: int = 0,
     return out
 
 
-def _build_into(path: Path, spec: TinyModelSpec, include_envs: bool) -> None:
+def _build_into(path: Path, spec: TinyModelSpec, include_envs: bool, variant: str) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from agentrl.models.corpus import generate_corpus
+    from agentrl.models.corpus import episode_texts, generate_corpus
 
-    texts = generate_corpus(seed=spec.seed, include_envs=include_envs)
+    v = _variant(variant)
+    texts = generate_corpus(seed=spec.seed, include_envs=include_envs, skip_envs=v.skip_envs)
+    if include_envs:
+        for env_id in v.episode_envs:
+            texts.extend(episode_texts(env_id, v.episodes_per_env, seed=spec.seed))
     tokenizer = train_tokenizer(texts, spec.vocab_size)
     if len(tokenizer) != spec.vocab_size:
         # BPE stops early when the corpus has no more pairs of min_frequency; the embedding still has vocab_size rows.
@@ -168,6 +219,8 @@ def _build_into(path: Path, spec: TinyModelSpec, include_envs: bool) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     marker = {"builder_version": BUILDER_VERSION, "spec": asdict(spec), "parameters": n_params,
               "tokenizer_size": len(tokenizer), "corpus_texts": len(texts)}
+    if variant != "tiny":  # the default's marker stays as it was
+        marker["variant"] = variant
     (path / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     os.chmod(path, 0o755)  # mkdtemp makes it 0700; the cache is shared by processes of other users in CI images
     for f in path.iterdir():
@@ -193,19 +246,22 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def ensure_tiny_model(out_dir: str | os.PathLike | None = None, *, seed: int = 0) -> Path:
-    """Returns a directory holding the tiny model, building it only if missing or built by another builder version
-    or seed. Safe when several processes call it at once (an exclusive file lock next to the directory)."""
-    out = Path(out_dir).expanduser() if out_dir is not None else default_model_dir()
+def ensure_tiny_model(out_dir: str | os.PathLike | None = None, *, seed: int = 0, variant: str = "tiny") -> Path:
+    """Returns a directory holding the tiny model ``variant``, building it only if missing or built by another
+    builder version, seed, spec or variant. Safe when several processes call it at once (an exclusive file lock
+    next to the directory)."""
+    v = _variant(variant)
+    out = Path(out_dir).expanduser() if out_dir is not None else default_model_dir(variant)
+    want = asdict(dataclasses.replace(v.spec, seed=seed))
 
     def fresh() -> bool:
         m = read_marker(out)
-        return bool(m and m.get("builder_version") == BUILDER_VERSION and m.get("spec", {}).get("seed") == seed
-                    and (out / "config.json").exists())
+        return bool(m and m.get("builder_version") == BUILDER_VERSION and m.get("spec") == want
+                    and m.get("variant", "tiny") == variant and (out / "config.json").exists())
 
     if fresh():
         return out
     with _file_lock(out.parent / f".{out.name}.lock"):
         if not fresh():
-            build_tiny_model(out, seed=seed)
+            build_tiny_model(out, seed=seed, variant=variant)
     return out

@@ -15,7 +15,10 @@ from agentrl.envs.utils import play_episode
 from agentrl.policy import EpisodeMeta
 from agentrl.registration import description
 
-BUILTIN_IDS = ["agentrl/FrozenLake-v0", "agentrl/GuessNumber-v0", "agentrl/Arithmetic-v0", "agentrl/ToolUse-v0"]
+BUILTIN_IDS = [
+    "agentrl/FrozenLake-v0", "agentrl/GuessNumber-v0", "agentrl/Arithmetic-v0", "agentrl/ToolUse-v0",
+    "agentrl/ToolLookup-v0",
+]
 
 
 def test_builtins_are_registered_with_descriptions():
@@ -113,6 +116,7 @@ _TRUNCATION_CASES = {
     "agentrl/FrozenLake-v0": "jump",
     "agentrl/GuessNumber-v0": "banana",
     "agentrl/ToolUse-v0": "I am thinking.",
+    "agentrl/ToolLookup-v0": "I am thinking.",
 }
 
 
@@ -137,6 +141,7 @@ async def test_time_limit_truncates_sync_and_async(env_id):
 def test_registered_time_limits():
     assert agentrl.make("agentrl/FrozenLake-v0").max_episode_steps == 20
     assert agentrl.make("agentrl/ToolUse-v0").max_episode_steps == 8
+    assert agentrl.make("agentrl/ToolLookup-v0").max_episode_steps == 5
     # These two bound their own episodes (a guess budget; a single turn), so they carry no TimeLimit.
     assert not isinstance(agentrl.make("agentrl/GuessNumber-v0"), TimeLimit)
     assert not isinstance(agentrl.make("agentrl/Arithmetic-v0"), TimeLimit)
@@ -154,6 +159,7 @@ def test_make_kwargs_reach_the_env():
     assert agentrl.make("agentrl/GuessNumber-v0", high=100).unwrapped.high == 100
     assert agentrl.make("agentrl/Arithmetic-v0", difficulty=4).unwrapped.difficulty == 4
     assert agentrl.make("agentrl/ToolUse-v0", num_people=3).unwrapped.num_people == 3
+    assert agentrl.make("agentrl/ToolLookup-v0", num_people=3).unwrapped.num_people == 3
 
 
 def test_solver_for_unknown_or_solverless_env():

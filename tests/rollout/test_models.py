@@ -150,3 +150,38 @@ def test_ensure_is_safe_concurrently_and_rebuilds_stale(tmp_path):
     (target / "agentrl_tiny.json").write_text(json.dumps(marker))
     ensure_tiny_model(target)
     assert read_marker(target)["builder_version"] == BUILDER_VERSION
+
+
+def test_tool_variant_is_its_own_model_with_a_tokenizer_for_its_env(tmp_path, tok, monkeypatch):
+    """The tool-use demo's variant: bigger, in its own directory, a tokenizer that learned ToolLookup episodes
+    (its calls are a few tokens), never mistaken for the default model by ensure_tiny_model."""
+    from agentrl.models import VARIANTS, default_model_dir
+    from agentrl.models.corpus import generate_corpus
+
+    path = ensure_tiny_model(variant="tiny-tool")  # the shared cache, as configs/tooluse.yaml builds it
+    assert path == default_model_dir("tiny-tool") != default_model_dir("tiny")
+    marker = read_marker(path)
+    assert marker["variant"] == "tiny-tool" and marker["parameters"] > 2 * read_marker(ensure_tiny_model())["parameters"]
+    cfg = json.loads((path / "config.json").read_text())
+    spec = VARIANTS["tiny-tool"].spec
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"]) == (spec.hidden_size, spec.num_hidden_layers)
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] == 64
+    tool_tok = AutoTokenizer.from_pretrained(str(path))
+    call = format_tool_call("lookup", {"name": "Ann"})
+    assert len(tool_tok.encode(call)) < len(tok.encode(call))
+    # Same seed, other variant: the default directory's marker does not satisfy the variant (and vice versa).
+    import agentrl.models.tiny as tiny
+
+    built = []
+    monkeypatch.setattr(tiny, "build_tiny_model", lambda out, seed, variant: built.append((Path(out).name, variant)))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "agentrl_tiny.json").write_text(json.dumps(read_marker(ensure_tiny_model())))
+    (tmp_path / "m" / "config.json").write_text("{}")
+    tiny.ensure_tiny_model(tmp_path / "m", variant="tiny-tool")
+    tiny.ensure_tiny_model(tmp_path / "m")
+    assert built == [("m", "tiny-tool")]
+    with pytest.raises(ValueError, match="unknown tiny model variant 'huge'"):
+        default_model_dir("huge")
+    # The default model's corpus leaves ToolLookup out: its tokenizer (and the quickstart's figures) stay as before.
+    assert not any("How old will" in t or "How old was" in t for t in generate_corpus(skip_envs=VARIANTS["tiny"].skip_envs))
+    assert cli_main(["models", "build", "--variant", "huge"]) == 2
