@@ -346,7 +346,7 @@ def _batch_source(cfg: TrainConfig, mgr: Any, policy: Any, tasks: TaskLedger) ->
     if cfg.tail_batching.enabled:
         t = cfg.tail_batching
         planner = TailPlanner(cfg.manager.num_groups, t.extra_prompts, t.length_budget)
-        return TailRounds(mgr, policy, planner, cfg.manager.group_size, tasks.spec_for, tasks.open_task)
+        return TailRounds(mgr, policy, planner, tasks.spec_for, tasks.open_task)
     src = ContinuousBatches(mgr, tasks.next_spec)
     src.start()
     return src
@@ -359,7 +359,8 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
     from agentrl.manager import EnvManager
 
     num_groups = cfg.manager.num_groups
-    mcfg = dataclasses.replace(cfg.manager, async_ratio=cfg.async_ratio)
+    # tail batching's rounds are on-policy by construction and over-provision groups admission would not let open
+    mcfg = dataclasses.replace(cfg.manager, async_ratio=None if cfg.tail_batching.enabled else cfg.async_ratio)
     bar = None
     if cfg.progress:
         from tqdm import tqdm

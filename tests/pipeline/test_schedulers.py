@@ -19,7 +19,8 @@ from agentrl.manager import ManagerConfig
 from agentrl.manager_testing import EchoPolicy
 from agentrl.pipeline import EnvConfig, EvalConfig, RunFiles, TaskLedger, TrainConfig, _loop, load_config
 from agentrl.policy import Action, PolicySession, TokenRecord
-from agentrl.tail import LONG, OVER_BUDGET, SHORT, BudgetPolicy, TailBatchingConfig, TailPlanner
+from agentrl.manager.episode import GiveUpGroup
+from agentrl.tail import LONG, SHORT, BudgetPolicy, TailBatchingConfig, TailPlanner
 from agentrl.trainer.config import OptimizerConfig, TrainerConfig
 
 pytestmark = pytest.mark.timeout(180)
@@ -117,20 +118,20 @@ class _Inner:
         return self.sessions[-1]
 
 
-async def test_budget_policy_caps_generation_and_marks_the_episode():
+async def test_budget_policy_caps_generation_and_gives_the_group_up():
     inner = _Inner(per_turn=4)
     pol = BudgetPolicy(inner)
     pol.budget = 10
     s = pol.session(None)
-    acts = [await s.act([]) for _ in range(3)]
+    acts = [await s.act([]) for _ in range(2)]
+    with pytest.raises(GiveUpGroup, match="11 generated tokens > tail_batching.length_budget 10"):
+        await s.act([])
     # 4 + 4 generated; the third turn may generate 10 - 8 + 1 = 3 (one past the budget tells "over" from "at")
-    assert inner.sessions[0].caps == [11, 7, 3]
-    assert [a.context_exhausted for a in acts] == [False, False, True] and acts[2].finish_reason == "budget"
-    assert s.token_record().info[OVER_BUDGET] is True
+    assert inner.sessions[0].caps == [11, 7, 3] and len(acts) == 2 and pol.over_budget == 1
     pol.budget = None  # sessions opened without a budget are never cut
     s2 = pol.session(None)
     acts = [await s2.act([]) for _ in range(5)]
-    assert not any(a.context_exhausted for a in acts) and inner.sessions[1].caps == [None] * 5
+    assert len(acts) == 5 and inner.sessions[1].caps == [None] * 5 and pol.over_budget == 1
 
 
 # ------------------------------------------------------------------------------------ through the controller
@@ -235,19 +236,23 @@ async def test_tail_batching_is_on_policy_and_trains_every_deferred_prompt_once(
     assert trainer.streamed == (14 if streaming else 0)
     trained = [t for r in rows for t in r["tasks"]]
     assert len(trained) == 14 * n and len(set(trained)) == len(trained)  # nothing trained twice
-    assert set(trained) == set(range(tasks.next_task)) and not tasks.open  # every opened task trained
+    # every opened task trained, but for deferred ones a late short round left over (then kept for a resume)
+    assert set(trained) | tasks.open == set(range(tasks.next_task)) and not set(trained) & tasks.open
+    assert len(tasks.open) == rows[-1]["tail/deferred_waiting"] == summary["tail"]["tail/deferred_waiting"] <= n
     short = [r for r in rows if r["tail/long_round"] == 0]
     long = [r for r in rows if r["tail/long_round"] == 1]
     assert short and long and rows[-1]["tail/long_round"] == 1
     deferred = rows[-1]["tail/deferred_total"]
     assert deferred >= 2 * len(short)  # every short round defers at least its extra prompts
-    assert rows[-1]["tail/deferred_waiting"] == 0 and summary["tail"]["tail/deferred_waiting"] == 0
     # short rounds train only groups within the budget; long rounds train the tail
     short_tok = [t.num_generated for b, r in zip(trainer.batches, rows) if r["tail/long_round"] == 0
                  for g in b for t in g.trajectories]
     long_tok = [t.num_generated for b, r in zip(trainer.batches, rows) if r["tail/long_round"] == 1
                 for g in b for t in g.trajectories]
     assert max(short_tok) <= 8 and max(long_tok) > 8
+    # (episodes past the budget give their group up; most long ones are simply cancelled when the round is full)
+    assert all(r["tail/over_budget"] >= r["tail/given_up_groups"] for r in short)
+    assert sum(r["tail/deferred"] for r in short) == deferred and summary["tail"]["tail/dropped"] == 0
     for b in trainer.batches:  # whole groups of group_size, each with its own trajectory ids
         assert all(len(g.trajectories) == 2 and {t.group_id for t in g.trajectories} == {g.id} for g in b)
         assert len({t.id for g in b for t in g.trajectories}) == 2 * n
