@@ -17,6 +17,12 @@ manager alike)::
   episode is cancelled for being slow: trained trajectories are an unbiased sample of generated ones
   (:mod:`agentrl.manager.admission`).
 
+Schedulers (:mod:`agentrl.schedule`): ``tail_batching`` replaces the continuous run by RollPacker's short and long
+rounds (:mod:`agentrl.tail`, ``async_ratio: 0``); ``streaming`` feeds each group to the trainer as it finishes
+(``start_step``/``accumulate``/``finish_step``: the same update as one ``train_step``). Metrics ``tail/*`` (rounds,
+deferred prompts waiting, length budget), ``train/stream/*``, ``time/trainer_idle_frac`` (1 − trainer busy / step)
+and ``time/rollout_idle_frac`` (share of the step with no episode running).
+
 The config (:mod:`agentrl.train_config`, re-exported here) makes the trainer score tokens at the rollout's
 temperature. Every step's metrics line lists the tasks it trained (``tasks``); checkpoints record the tasks opened
 but not yet trained, and a resumed run replays those first, so across a crash every task is trained exactly once.
