@@ -399,12 +399,11 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                 trained_tasks = tasks.trained(groups)
                 t_got = time.perf_counter()
                 if stream is not None:
-                    metrics, trainer_busy = await stream.finish()
+                    metrics, trainer_busy = await stream.finish()  # busy also while the batch was incomplete
                 else:
                     metrics = await trainer.train_step.remote(groups)
+                    trainer_busy = time.perf_counter() - t_got
                 t_trained = time.perf_counter()
-                if stream is None:
-                    trainer_busy = t_trained - t_got
                 version = step + 1
                 if version % cfg.sync_every == 0 or version == cfg.steps:
                     await engine.update_weights(await trainer.state_dict_for_inference.remote(), version)
