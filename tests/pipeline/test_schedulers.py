@@ -134,6 +134,23 @@ async def test_budget_policy_caps_generation_and_gives_the_group_up():
     assert len(acts) == 5 and inner.sessions[1].caps == [None] * 5 and pol.over_budget == 1
 
 
+async def test_a_group_given_up_at_the_budget_is_replaced_at_once_and_its_siblings_cancelled():
+    from agentrl.manager import EnvManager, EpisodeSpec
+
+    # instances in creation order: task0 (1, 1 turns), task1 (6, 6: over a 4-token budget at its third turn),
+    # task2 (1, 1), then the replacement task3 (1, 1); 2 tokens a turn
+    kw = {"turns_per_instance": [1, 1, 6, 6, 1, 1, 1, 1], "step_latency": 0.01, "tag": "giveup"}
+    specs = iter(EpisodeSpec(ENV_ID, env_kwargs=kw, seed=i, group_id=f"task{i}") for i in range(10))
+    pol = BudgetPolicy(EchoPolicy(tokens_per_turn=2))
+    pol.budget = 4
+    async with EnvManager(ManagerConfig(group_size=2, max_concurrency=4), pol) as mgr:
+        got = [g.id async for g in mgr.stream_groups(specs, 3, extra_groups=0)]
+        m = mgr.metrics()
+    assert sorted(got) == ["task0", "task2", "task3"]  # task1 given up, task3 opened in its place
+    assert m["given_up_groups"] == 1 and m["failed_groups"] == 0 and pol.over_budget >= 1
+    assert m["cancelled"] >= 2 and m["running"] == 0  # task1's members ended early, not after 6 turns
+
+
 # ------------------------------------------------------------------------------------ through the controller
 class _Remote:
     def __init__(self, fn):
