@@ -43,7 +43,9 @@ VARIANTS = {
     "stream": ["async_ratio=0", "streaming=true"],
     "tail+stream": ["async_ratio=0", "tail_batching.enabled=true", "streaming=true"],
     "alpha2": ["async_ratio=2"],
+    "alpha2+stream": ["async_ratio=2", "streaming=true"],  # not in the default list
 }
+DEFAULT = ["sync", "tail", "stream", "tail+stream", "alpha2"]
 
 
 class LatencyFrozenLake(FrozenLakeEnv):
@@ -134,7 +136,7 @@ def table(results: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="runs/quickstart/warmstart/model")
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="*", default=DEFAULT, choices=list(VARIANTS))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--latency", type=float, default=0.1, help="median env step latency, seconds")
     ap.add_argument("--max-turns", type=int, default=16)
