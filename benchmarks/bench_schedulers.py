@@ -67,9 +67,7 @@ def _generated(run_dir: Path) -> list[int]:
     p = run_dir / "trajectories.jsonl"
     if p.exists():
         for line in p.read_text().splitlines():
-            t = json.loads(line)
-            mask = t.get("loss_mask") or []
-            out.append(int(sum(mask)) if mask else int(t.get("num_generated", 0)))
+            out.append(int(json.loads(line)["summary"]["generated"]))
     return out
 
 
