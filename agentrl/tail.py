@@ -22,9 +22,10 @@ Invariants
 - **What it biases**: the prompts a short round trains are those whose sampled group happened to finish within the
   budget; the same prompts' long samples are not lost but trained later in a long round from a fresh group, so the
   set of prompts trained is unbiased, while within a short round the samples of a prompt are conditioned on being
-  short. RollPacker accepts this; with ``length_budget`` above the median group length it concerns few prompts.
+  short. That is inherent to tail batching; with ``length_budget`` above most groups' longest member it concerns few
+  prompts (``tail/deferred`` counts them).
 
-:class:`TailPlanner` decides (pure bookkeeping, driven alone by ``tests/pipeline/test_tail.py``); :class:`TailRounds`
+:class:`TailPlanner` decides (pure bookkeeping, driven alone by ``tests/pipeline/test_schedulers.py``); :class:`TailRounds`
 runs rounds on an :class:`~agentrl.manager.EnvManager` (``stream_groups``, so the manager's groups, retries, worker
 pool and cancellation apply); :class:`BudgetPolicy` ends an episode at the budget and gives its group up, mid-turn
 for the vLLM agent loop (:attr:`agentrl.rollout.AgentLoopSession.max_new_tokens`), at the end of the turn for other
