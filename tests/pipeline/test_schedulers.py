@@ -339,3 +339,16 @@ def test_schedulers_that_compose_are_accepted():
                                  "streaming=true"])
     assert c.tail_batching.enabled and c.streaming
     assert load_config(QUICKSTART, ["streaming=true", "async_ratio=2"]).streaming  # streaming at alpha >= 1
+
+
+async def test_streaming_at_alpha_2_keeps_the_staleness_bound(tmp_path):
+    # groups are taken one at a time, earliest deadline first: nothing goes past alpha, nothing is cancelled
+    cfg = _cfg(tmp_path, {"turns_tail": 0.7, "turns_max": 20, "step_latency": 0.003}, steps=16, async_ratio=2,
+               streaming=True, manager=ManagerConfig(num_groups=2, group_size=2, max_turns=32))
+    trainer = RecordingTrainer(train_s=0.01)
+    rows, tasks, _ = await _run(cfg, trainer)
+    assert trainer.streamed == 16 and all(len(b) == 2 for b in trainer.batches)
+    assert trainer.max_staleness <= 2
+    assert rows[-1]["manager/dropped_stale"] == 0 and rows[-1]["manager/cancelled"] == 0
+    trained = [t for r in rows for t in r["tasks"]]
+    assert len(set(trained)) == len(trained) == 32
