@@ -25,8 +25,8 @@ Invariants
   short. That is inherent to tail batching; with ``length_budget`` above most groups' longest member it concerns few
   prompts (``tail/deferred`` counts them).
 
-:class:`TailPlanner` decides (pure bookkeeping, driven alone by ``tests/pipeline/test_schedulers.py``); :class:`TailRounds`
-runs rounds on an :class:`~agentrl.manager.EnvManager` (``stream_groups``, so the manager's groups, retries, worker
+:class:`TailPlanner` decides (pure bookkeeping, driven alone by ``tests/pipeline/test_schedulers.py``);
+:class:`TailRounds` runs rounds on an :class:`~agentrl.manager.EnvManager` (``stream_groups``, so the manager's groups, retries, worker
 pool and cancellation apply); :class:`BudgetPolicy` ends an episode at the budget and gives its group up, mid-turn
 for the vLLM agent loop (:attr:`agentrl.rollout.AgentLoopSession.max_new_tokens`), at the end of the turn for other
 policies.
