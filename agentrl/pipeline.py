@@ -17,6 +17,12 @@ manager alike)::
   episode is cancelled for being slow: trained trajectories are an unbiased sample of generated ones
   (:mod:`agentrl.manager.admission`).
 
+Schedulers (:mod:`agentrl.schedule`): ``tail_batching`` replaces the continuous run by RollPacker's short and long
+rounds (:mod:`agentrl.tail`, ``async_ratio: 0``); ``streaming`` feeds each group to the trainer as it finishes
+(``start_step``/``accumulate``/``finish_step``: the same update as one ``train_step``). Metrics ``tail/*`` (rounds,
+deferred prompts waiting, length budget), ``train/stream/*``, ``time/trainer_idle_frac`` (1 − trainer busy / step)
+and ``time/rollout_idle_frac`` (share of the step with no episode running).
+
 The config (:mod:`agentrl.train_config`, re-exported here) makes the trainer score tokens at the rollout's
 temperature. Every step's metrics line lists the tasks it trained (``tasks``); checkpoints record the tasks opened
 but not yet trained, and a resumed run replays those first, so across a crash every task is trained exactly once.
@@ -51,6 +57,8 @@ from agentrl.config import ConfigError, to_dict
 from agentrl.inference.config import EngineConfig
 from agentrl.manager import EpisodeSpec
 from agentrl.runlog import TrajectoryLog
+from agentrl.schedule import ContinuousBatches, StreamedStep
+from agentrl.tail import BudgetPolicy, TailPlanner, TailRounds
 from agentrl.train_config import (DEMO_SEED_START, EVAL_SEED_START, EnvConfig, EvalConfig, TrainConfig,  # noqa: F401
                                   WarmStartConfig, load_config)
 from agentrl.trajectory import Group
@@ -208,15 +216,23 @@ class TaskLedger:
         self._replay = collections.deque(sorted(int(i) for i in replay or ()))
         self.open: set[int] = set()
 
-    def next_spec(self) -> EpisodeSpec:
-        """The manager's task source: replayed tasks first, then new ones."""
+    def open_task(self) -> int:
+        """Opens the next task, replayed tasks first, then new ones; returns its index."""
         if self._replay:
             i = self._replay.popleft()
         else:
             i, self.next_task = self.next_task, self.next_task + 1
         self.open.add(i)
+        return i
+
+    def spec_for(self, i: int) -> EpisodeSpec:
+        """Task ``i``'s spec (seed ``env.seed_start + i``, group ``task<i>``)."""
         return EpisodeSpec(self.env.id, env_kwargs=dict(self.env.kwargs), seed=self.env.seed_start + i,
                            group_id=f"task{i}")
+
+    def next_spec(self) -> EpisodeSpec:
+        """The manager's task source: replayed tasks first, then new ones."""
+        return self.spec_for(self.open_task())
 
     def trained(self, groups: list[Group]) -> list[int]:
         """Marks the tasks of ``groups`` trained; returns their indices."""
@@ -352,6 +368,17 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
         ray.kill(trainer)
 
 
+def _batch_source(cfg: TrainConfig, mgr: Any, policy: Any, tasks: TaskLedger) -> Any:
+    """The step's batch source (:mod:`agentrl.schedule`): tail batching's rounds, or the manager's continuous run."""
+    if cfg.tail_batching.enabled:
+        t = cfg.tail_batching
+        planner = TailPlanner(cfg.manager.num_groups, t.extra_prompts, t.length_budget)
+        return TailRounds(mgr, policy, planner, tasks.spec_for, tasks.open_task)
+    src = ContinuousBatches(mgr, tasks.next_spec)
+    src.start()
+    return src
+
+
 async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, policy: Any, tasks: TaskLedger,
                 step0: int, history: dict[str, Any], writer: Any, tokenizer: Any) -> dict[str, Any]:
     """Steps ``step0 .. cfg.steps - 1``: takes each step's batch from the manager (due groups first, so no token is
@@ -359,27 +386,44 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
     from agentrl.manager import EnvManager
 
     num_groups = cfg.manager.num_groups
-    mcfg = dataclasses.replace(cfg.manager, async_ratio=cfg.async_ratio)
+    # tail batching's rounds are on-policy by construction and over-provision groups admission would not let open
+    mcfg = dataclasses.replace(cfg.manager, async_ratio=None if cfg.tail_batching.enabled else cfg.async_ratio)
     bar = None
     if cfg.progress:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, initial=step0, desc="train", unit="step", dynamic_ncols=True)
     tlog = TrajectoryLog(files.root, cfg.trajectory_log).open(step0)
+    if cfg.tail_batching.enabled:  # the manager's episodes then run under the rounds' length budget
+        policy = BudgetPolicy(policy)
     async with EnvManager(mcfg, policy) as mgr:
         mgr.restore(version=step0, accepted=step0 * mgr.batch_size)  # what the trainer consumed before a resume
-        mgr.start(tasks.next_spec)
+        source = _batch_source(cfg, mgr, policy, tasks)
+        stream = StreamedStep(trainer) if cfg.streaming else None
         idle = _IdleMeter(mgr)
         idle.start()
         try:
             for step in range(step0, cfg.steps):
                 t0 = time.perf_counter()
-                groups = await mgr.next_batch(num_groups)
-                if not groups or len(groups) < num_groups:
-                    raise RuntimeError(f"the manager stopped producing groups (got {len(groups or [])} of {num_groups})")
+                if stream is not None:
+                    await stream.start()
+                try:
+                    groups = await source.next_batch(num_groups, cfg.steps - step,
+                                                      stream.feed if stream is not None else None)
+                    if not groups or len(groups) < num_groups:
+                        raise RuntimeError(f"the manager stopped producing groups (got {len(groups or [])} of "
+                                           f"{num_groups})")
+                except BaseException:
+                    if stream is not None:
+                        await stream.abort()
+                    raise
                 trained_tasks = tasks.trained(groups)
                 t_got = time.perf_counter()
-                metrics = await trainer.train_step.remote(groups)
+                if stream is not None:
+                    metrics, trainer_busy = await stream.finish()  # busy also while the batch was incomplete
+                else:
+                    metrics = await trainer.train_step.remote(groups)
+                    trainer_busy = time.perf_counter() - t_got
                 t_trained = time.perf_counter()
                 version = step + 1
                 if version % cfg.sync_every == 0 or version == cfg.steps:
@@ -406,8 +450,9 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                     "time/wait_rollout_s": t_got - t0,
                     "time/train_s": t_trained - t_got,
                     "time/weight_sync_s": t_end - t_trained,
-                    "time/trainer_idle_frac": (t_got - t0 + t_end - t_trained) / step_s,
+                    "time/trainer_idle_frac": max(0.0, 1.0 - trainer_busy / step_s),
                     "time/rollout_idle_frac": idle.take(),
+                    **source.last,
                     "throughput/gen_tokens_per_s": gen_tokens / step_s,
                     "wall_s": time.time(),
                     "tasks": trained_tasks,  # the ledger: every task is trained at exactly one step
@@ -437,6 +482,8 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                 bar.close()
             await mgr.stop()
     summary = {"steps": cfg.steps, "async_ratio": cfg.async_ratio, **history}
+    if cfg.tail_batching.enabled:
+        summary["tail"] = source.planner.metrics()
     if cfg.eval.episodes:
         summary["eval_after"] = await evaluate(engine, tokenizer, cfg, cfg.eval.episodes)
         log.info("held-out reward after RL: %.3f", summary["eval_after"]["reward"])

@@ -179,6 +179,9 @@ class AgentLoopSession(PolicySession):
         self._closing: tuple[str, list[int]] = (self.chat.closing_text, self.chat.closing_ids)
         self._inflight: str | None = None
         self._closed = False
+        # Tokens the next act() may generate at most (None: no cap beyond max_tokens_per_turn and the context); set
+        # by a caller that bounds the whole episode's length (agentrl.tail.BudgetPolicy).
+        self.max_new_tokens: int | None = None
 
     # -- token bookkeeping ----------------------------------------------------------------------------------------
     def _append_fixed(self, ids: list[int]) -> None:
@@ -289,7 +292,10 @@ class AgentLoopSession(PolicySession):
         gen_prefix = "" if self.chat.family.tool_parser == "agentrl" else self.chat.generation_prefix(self._text)
 
         context = self.token_ids[-4:]
-        gen = await self._generate(min(self.cfg.max_tokens_per_turn, room))
+        limit = min(self.cfg.max_tokens_per_turn, room)
+        if self.max_new_tokens is not None:
+            limit = max(1, min(limit, self.max_new_tokens))
+        gen = await self._generate(limit)
         self._append_generated(gen)
         end = self.chat.end_turn(context, gen.token_ids, self.tools)
         self._append_fixed(end.append_ids)

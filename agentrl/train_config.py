@@ -12,6 +12,7 @@ from agentrl.inference.config import EngineConfig
 from agentrl.manager import ManagerConfig
 from agentrl.rollout import RolloutConfig
 from agentrl.runlog import TrajectoryLogConfig
+from agentrl.tail import TailBatchingConfig
 from agentrl.trainer.config import TrainerConfig
 
 EVAL_SEED_START = 1_000_000  # held-out seeds: never used for training or demonstrations
@@ -82,7 +83,13 @@ class TrainConfig:
 
     The trainer scores tokens with the distribution the engine sampled them from: ``trainer.temperature`` left at its
     default (1.0) is set to ``rollout.temperature``, any other value must equal it; ``rollout.top_p`` must be 1 and
-    ``rollout.top_k`` off (the trainer's log-probs are of the full distribution), and ``rollout.temperature`` > 0."""
+    ``rollout.top_k`` off (the trainer's log-probs are of the full distribution), and ``rollout.temperature`` > 0.
+
+    Schedulers (:mod:`agentrl.schedule`): ``tail_batching`` (RollPacker's short and long rounds, :mod:`agentrl.tail`;
+    needs ``async_ratio: 0``, no ``manager.extra_groups``/``extra_per_group``) and ``streaming`` (the trainer
+    accumulates each group as it finishes and steps once the batch is complete: the same update; needs
+    ``trainer.num_mini_batches: 1`` and ``trainer.ppo_epochs: 1``). Both compose with each other; ``streaming`` also
+    with ``async_ratio >= 1``."""
 
     env: EnvConfig
     run_dir: str = "runs/train"
@@ -98,6 +105,8 @@ class TrainConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     trajectory_log: TrajectoryLogConfig = field(default_factory=TrajectoryLogConfig)  # for `agentrl view`
+    tail_batching: TailBatchingConfig = field(default_factory=TailBatchingConfig)
+    streaming: bool = False
     ray_address: str | None = None
     ray_num_cpus: int | None = None
     trainer_num_cpus: float = 1.0
@@ -132,6 +141,25 @@ class TrainConfig:
             raise ValueError(f"manager.batch_size ({m.batch_size}) must be null or num_groups * group_size "
                              f"({m.num_groups * m.group_size}): the trainer takes num_groups groups per step")
         self._check_sampling()
+        self._check_schedulers()
+
+    def _check_schedulers(self) -> None:
+        """Refuses the scheduler combinations that would change what is trained (see the class docstring)."""
+        t, m = self.tail_batching, self.manager
+        if t.enabled:
+            if self.async_ratio != 0:
+                raise ValueError(f"tail_batching.enabled needs async_ratio: 0, got {self.async_ratio}: its rounds are "
+                                 f"synchronous and strictly on-policy (with async_ratio >= 1 rollout already runs "
+                                 f"ahead of the tail; use one or the other)")
+            if m.extra_groups or m.extra_per_group:
+                raise ValueError(f"tail_batching.enabled cannot be combined with manager.extra_groups "
+                                 f"({m.extra_groups}) or manager.extra_per_group ({m.extra_per_group}): short rounds "
+                                 f"over-provision with tail_batching.extra_prompts, and keeping a group's first "
+                                 f"finishers would bias the long rounds toward short responses; set them to 0")
+        if self.streaming and (self.trainer.num_mini_batches != 1 or self.trainer.ppo_epochs != 1):
+            raise ValueError(f"streaming needs trainer.num_mini_batches: 1 and trainer.ppo_epochs: 1 (got "
+                             f"{self.trainer.num_mini_batches} and {self.trainer.ppo_epochs}): several optimizer "
+                             f"steps per batch need the whole batch first; set streaming: false")
 
     def _check_sampling(self) -> None:
         """Ties the trainer's log-probs to the engine's sampling distribution (see the class docstring)."""

@@ -23,7 +23,8 @@ a continuous run — is active at a time)::
         ...; mgr.set_version(v)                                  # trainer moved to version v (after the weight sync)
         await mgr.stop()
 
-Also: ``next_group()`` / ``groups()`` (one group at a time, same selection), ``stream_episodes(specs)`` (async
+Also: ``next_group()`` / ``groups()`` (one group at a time, same selection), ``stream_groups(task_source, n,
+extra_groups)`` (``collect_groups`` yielding each group as it completes), ``stream_episodes(specs)`` (async
 iterator of ``(spec index, trajectory)`` in finishing order), ``discard(n)``, ``metrics()`` (counters, gauges, step
 latency percentiles, throughput), ``worker_stats()``, ``failed`` (recent error trajectories) and ``workers``.
 
@@ -39,7 +40,9 @@ is cancelled, its env's ``aclose`` is awaited in the worker (a step in flight is
 session's ``aclose`` is awaited; ``collect_groups`` returns only after every loser has been closed. In continuous
 mode ``extra_per_group`` applies the same way; ``extra_groups`` has no meaning there. Over-provisioning picks the
 fastest members by design, so it biases a batch toward short episodes: leave ``extra_per_group`` at 0 where that
-matters.
+matters. A policy session that raises :class:`~agentrl.manager.episode.GiveUpGroup` ends its group at once (no
+retry, siblings cancelled, ``given_up_groups``); a batch round opens another task in its place (tail batching's
+length budget, :mod:`agentrl.tail`).
 
 Admission, deadlines and staleness (``async_ratio`` α; :mod:`agentrl.manager.admission` states the rules and their
 invariants): a group is opened only while ``accepted`` plus ``group_size`` for every open group and for the new one

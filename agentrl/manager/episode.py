@@ -30,6 +30,12 @@ class StaleEpisode(Exception):
     """Raised inside an episode whose tokens became too old (``stale_policy: cancel``)."""
 
 
+class GiveUpGroup(Exception):
+    """Raised by a policy session to end its episode and give its whole group up at once, without a retry (e.g. a
+    response past tail batching's length budget, :mod:`agentrl.tail`): the episode ends as cancelled, its siblings
+    are cancelled, and a batch round (``collect_groups``/``stream_groups``) opens another task in its place."""
+
+
 def timeout_left(base: float | None, deadline: float | None) -> float | None:
     """Returns the time an awaited call may take: ``base``, capped by what is left until ``deadline``."""
     if deadline is None:
@@ -132,6 +138,9 @@ class EpisodeRunner:
         except StaleEpisode as e:
             traj.termination, traj.error = "cancelled", str(e)
             ep.cancel_reason = str(e)
+        except GiveUpGroup as e:
+            traj.termination, traj.error = "cancelled", f"group given up: {e}"
+            ep.give_up = True
         except WorkerDied as e:
             ep.worker_died = True
             traj.termination, traj.error = "error", f"WorkerDied({str(e)!r})"

@@ -40,7 +40,7 @@ class Episode:
     """One attempt at one group member (queued, running or ended)."""
 
     __slots__ = ("id", "group", "spec", "created", "task", "worker", "cancel_reason", "oldest_version", "stale",
-                 "worker_died", "result", "started")
+                 "worker_died", "result", "started", "give_up")
 
     def __init__(self, group: "GroupState"):
         self.group, self.spec = group, group.spec
@@ -54,6 +54,7 @@ class Episode:
         self.worker_died = False
         self.result: Trajectory | None = None
         self.started = False
+        self.give_up = False  # the policy gave the group up (GiveUpGroup)
 
 
 class GroupState:
@@ -207,6 +208,8 @@ class GroupBook:
         if term == "cancelled":
             if stale_cancel:
                 self._stale(g)
+            elif ep.give_up:
+                self.give_up(g)
             return
         if term == "error":
             g.last_error = traj
@@ -298,6 +301,15 @@ class GroupBook:
             return
         if r.target is not None and not r.closed:
             r.to_open = (r.to_open or 0) + 1  # take another task from the source
+        r.wake()
+
+    def give_up(self, g: GroupState) -> None:
+        """Ends ``g`` at its policy's request (no retry); a target round opens another task instead."""
+        r = g.round
+        self.finish(g, "given up: a sibling's policy gave the group up")
+        self.counts["given_up_groups"] += 1
+        if r.target is not None and not r.closed:
+            r.to_open = (r.to_open or 0) + 1
         r.wake()
 
     def take(self, r: Round, chosen: list[GroupState]) -> list[Group]:

@@ -28,7 +28,7 @@ from agentrl.trajectory import Group, Trajectory
 from agentrl.workers import EnvWorker
 
 _COUNTERS = ("started", "finished", "cancelled", "failed", "dropped_stale", "rescheduled", "replaced", "surplus",
-             "delivered_groups", "failed_groups", "env_steps", "policy_calls", "worker_deaths")
+             "delivered_groups", "failed_groups", "given_up_groups", "env_steps", "policy_calls", "worker_deaths")
 
 
 class EnvManager:
@@ -270,6 +270,31 @@ class EnvManager:
         if self._fatal is not None and len(out) < n:
             raise self._fatal
         return out
+
+    async def stream_groups(self, task_source: TaskSource, num_groups: int | None = None,
+                            extra_groups: int | None = None) -> AsyncIterator[Group]:
+        """:meth:`collect_groups` (``extra_groups`` None: the config's), yielding each group as soon as it is
+        complete; the round ends (losers cancelled, their envs closed) after ``num_groups`` groups, or when the
+        iterator is closed early."""
+        await self.start_workers()
+        n = num_groups or self.cfg.num_groups
+        gs = self.cfg.group_size
+        extra = self.cfg.extra_groups if extra_groups is None else extra_groups
+        r = Round(task_source, gs, gs + self.cfg.extra_per_group, n, deliver_failed=False, to_open=n + extra)
+        self._begin(r)
+        got = 0
+        try:
+            self._pump()
+            while got < n:
+                out = await self._take(r, 1, ordered=False)
+                if not out:
+                    break
+                got += 1
+                yield out[0]
+        finally:
+            await self._end(r, "redundant: the batch already has num_groups groups")
+        if self._fatal is not None and got < n:
+            raise self._fatal
 
     async def stream_episodes(self, specs: Iterable[EpisodeSpec]) -> AsyncIterator[tuple[int, Trajectory]]:
         """Runs one episode per spec (no groups, no redundancy) and yields ``(spec index, trajectory)`` as episodes
