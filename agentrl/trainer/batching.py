@@ -200,7 +200,6 @@ class MicroBatch:
 
 def collate(seqs: list[Seq], device: torch.device, *, packing: bool = False) -> MicroBatch:
     """Lays ``seqs`` out as one :class:`MicroBatch` on ``device`` (padded, or packed into one row)."""
-    b = len(seqs)
     lengths = [s.length for s in seqs]
     T = max(lengths) - 1
     rows = torch.cat([torch.full((n - 1,), i, dtype=torch.long) for i, n in enumerate(lengths)])
