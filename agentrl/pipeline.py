@@ -176,12 +176,11 @@ async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer
 def check_resources(cfg: TrainConfig) -> None:
     """Raises :class:`agentrl.inference.placement.ResourceError` unless the Ray cluster can host the trainer and
     the engine replicas at once (README, "Running on a Ray cluster")."""
-    from agentrl.inference.placement import Ask, check_fits, cluster_has_gpus, engine_ask
+    from agentrl.inference.placement import check_fits, cluster_has_gpus, engine_ask, trainer_ask
 
     gpus = cluster_has_gpus()
-    trainer = Ask("trainer_num_cpus / trainer.device", 1,
-                  {"CPU": cfg.trainer_num_cpus, **({"GPU": 1.0} if cfg.trainer.device == "cuda" else {})})
-    check_fits([trainer, engine_ask(cfg.engine, gpus)])
+    check_fits([trainer_ask(cfg.trainer.world_size, cfg.trainer_num_cpus, cfg.trainer.device == "cuda"),
+                engine_ask(cfg.engine, gpus)])
 
 
 class TaskLedger:
@@ -263,7 +262,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
 
     from agentrl.inference.config import make_engine
     from agentrl.rollout import AgentLoopPolicy
-    from agentrl.trainer.actor import create_trainer_actor
+    from agentrl.trainer.group import create_trainer, stop_trainer
 
     cfg.validate()  # a config built in Python skipped the loader's checks (and the derived trainer temperature)
     t_start = time.perf_counter()
@@ -293,8 +292,8 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
                      cfg.warm_start.episodes, cfg.warm_start.noise, cfg.warm_start.steps)
             start_model = await warm_start(cfg, model_dir, ws_dir, tokenizer)
 
-    trainer = create_trainer_actor(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
-                                   num_gpus=1 if cfg.trainer.device == "cuda" else 0)
+    trainer = create_trainer(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
+                             num_gpus=1 if cfg.trainer.device == "cuda" else 0)
     step0, history = 0, {}
     tasks = TaskLedger(cfg.env)
     if latest is not None:
@@ -328,7 +327,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
         if writer is not None:
             writer.close()
         await engine.close()
-        ray.kill(trainer)
+        stop_trainer(trainer)
 
 
 async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, policy: Any, tasks: TaskLedger,
