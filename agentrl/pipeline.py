@@ -179,8 +179,13 @@ def check_resources(cfg: TrainConfig) -> None:
     from agentrl.inference.placement import check_fits, cluster_has_gpus, engine_ask, trainer_ask
 
     gpus = cluster_has_gpus()
-    check_fits([trainer_ask(cfg.trainer.world_size, cfg.trainer_num_cpus, cfg.trainer.device == "cuda"),
+    check_fits([trainer_ask(cfg.trainer.world_size, cfg.trainer_num_cpus, trainer_gpu(cfg, gpus)),
                 engine_ask(cfg.engine, gpus)])
+
+
+def trainer_gpu(cfg: TrainConfig, cluster_gpus: bool) -> bool:
+    """Whether each trainer rank takes a GPU: ``trainer.device: cuda``, or ``auto`` on a cluster with GPUs."""
+    return cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and cluster_gpus)
 
 
 class TaskLedger:
@@ -292,8 +297,10 @@ async def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
                      cfg.warm_start.episodes, cfg.warm_start.noise, cfg.warm_start.steps)
             start_model = await warm_start(cfg, model_dir, ws_dir, tokenizer)
 
+    from agentrl.inference.placement import cluster_has_gpus
+
     trainer = create_trainer(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
-                             num_gpus=1 if cfg.trainer.device == "cuda" else 0)
+                             num_gpus=1 if trainer_gpu(cfg, cluster_has_gpus()) else 0)
     step0, history = 0, {}
     tasks = TaskLedger(cfg.env)
     if latest is not None:

@@ -30,7 +30,9 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -38,6 +40,28 @@ from torch import Tensor
 # Gradients are reduced in buckets of this many bytes (large enough to amortise a collective, small enough not to
 # double the gradients' memory).
 _BUCKET_BYTES = 64 * 2**20
+
+_T = TypeVar("_T")
+
+
+class _CommClock:
+    """Seconds this process spent inside the trainer's collectives (waiting for slower ranks included): the
+    ``perf/comm_s`` metric of a step."""
+
+    seconds = 0.0
+
+    @classmethod
+    def timed(cls, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            cls.seconds += time.perf_counter() - t0
+
+
+def comm_seconds() -> float:
+    """Total seconds spent in this module's collectives so far (see ``_CommClock``)."""
+    return _CommClock.seconds
 
 
 def free_port() -> tuple[str, int]:
@@ -91,12 +115,12 @@ class DistReducer:
     def sum(self, values: dict[str, float]) -> dict[str, float]:
         import torch.distributed as dist
 
-        return self._reduce(values, dist.ReduceOp.SUM, 0.0)
+        return _CommClock.timed(self._reduce, values, dist.ReduceOp.SUM, 0.0)
 
     def max(self, values: dict[str, float]) -> dict[str, float]:
         import torch.distributed as dist
 
-        return self._reduce(values, dist.ReduceOp.MAX, float("-inf"))
+        return _CommClock.timed(self._reduce, values, dist.ReduceOp.MAX, float("-inf"))
 
 
 def agree_count(n: int, device: torch.device) -> int:
@@ -104,7 +128,7 @@ def agree_count(n: int, device: torch.device) -> int:
     import torch.distributed as dist
 
     t = torch.tensor([n], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    _CommClock.timed(dist.all_reduce, t, op=dist.ReduceOp.MAX)
     return int(t.item())
 
 
@@ -119,6 +143,10 @@ def broadcast_parameters(model: torch.nn.Module) -> None:
 
 
 def sum_gradients(params: list[torch.nn.Parameter]) -> None:
+    _CommClock.timed(_sum_gradients, params)
+
+
+def _sum_gradients(params: list[torch.nn.Parameter]) -> None:
     """Replaces each ``p.grad`` by its sum over the ranks (``replicate`` mode). A parameter with no gradient on a
     rank counts as zero there; one with no gradient on every rank keeps ``grad = None`` (so AdamW skips it exactly
     as one rank would). Flat buckets of ``_BUCKET_BYTES`` keep the number of collectives small."""

@@ -337,8 +337,9 @@ def create_trainer_group(config: TrainerConfig, model_path: str | os.PathLike, *
         group.stop("failed to start")
         raise
     group.info, group.sharding = info, info[0]["sharding"]
-    log.info("trainer group: %d ranks (%s, %s) at %s:%d", n, group.sharding,
-             "nccl" if num_gpus else "gloo", address, port)
+    log.info("trainer group: %d ranks (%s, %s, rendezvous %s:%d); pids %s", n, group.sharding,
+             "nccl" if num_gpus else "gloo", address, port,
+             ", ".join(f"rank {i['rank']}: {i['host']}:{i['pid']}" for i in info))
     return group
 
 

@@ -144,6 +144,7 @@ class Trainer:
         # Data parallelism (enable_data_parallel): this rank, the number of ranks, and how the model is held
         # ("none" alone, "replicate": whole model per rank + summed gradients, "fsdp": FSDP2 shards).
         self._rank, self._world, self._sharding = 0, 1, "none"
+        self._comm_at_start = 0.0
         self._version = 0
         self._optimizer_steps = 0
         self._last_lr: float | None = None
@@ -445,6 +446,11 @@ class Trainer:
         self._version += 1
         elapsed = time.perf_counter() - t_start
         out["perf/step_s"] = elapsed
+        if self._world > 1:
+            from agentrl.trainer.distributed import comm_seconds
+
+            # this rank's seconds in collectives during the step (waiting for a slower rank included)
+            out["perf/comm_s"] = comm_seconds() - self._comm_at_start
         out["perf/tokens_per_s"] = out.get("batch/num_tokens", 0.0) / max(elapsed, 1e-9)
         out["version"] = float(self._version)
         out["optimizer_steps"] = float(self._optimizer_steps)
@@ -476,6 +482,14 @@ class Trainer:
         if check_global and self.reducer.sum({"seqs": float(len(seqs))}).get("seqs", 0.0) == 0:
             raise ValueError(f"{what}: no trainable trajectory in the batch on any of the {self._world} ranks")
         return seqs, info
+
+    def _begin_step(self) -> float:
+        """Returns the step's start time (and notes the collective seconds so far, for ``perf/comm_s``)."""
+        if self._world > 1:
+            from agentrl.trainer.distributed import comm_seconds
+
+            self._comm_at_start = comm_seconds()
+        return time.perf_counter()
 
     def _check_no_stream(self, what: str) -> None:
         if self._stream is not None:
@@ -515,7 +529,7 @@ class Trainer:
         absent when they do not apply).
         """
         self._check_no_stream("train_step")
-        t_start = time.perf_counter()
+        t_start = self._begin_step()
         trajs = _flatten(batch)
         if advantages is None and trajs:
             advantages = compute_advantages(batch, self.config.advantage)  # type: ignore[arg-type]
@@ -560,7 +574,7 @@ class Trainer:
         ``sft/nll`` (before the update), ``grad_norm``, ``lr``, ``batch/*``, ``perf/step_s``, ``perf/tokens_per_s``,
         ``version``, ``optimizer_steps``, ``train/skipped_steps``."""
         self._check_no_stream("sft_step")
-        t_start = time.perf_counter()
+        t_start = self._begin_step()
         seqs, info = self._prepare(list(trajectories), None, "sft_step")
         sums = StepSums()
         for k, v in info.items():
@@ -600,7 +614,7 @@ class Trainer:
                 f"streamed accumulation needs num_mini_batches: 1 and ppo_epochs: 1 (got {cfg.num_mini_batches} and "
                 f"{cfg.ppo_epochs}): several optimizer steps per batch need the whole batch first; use train_step")
         self.optimizer.zero_grad(set_to_none=True)
-        self._stream = _Stream(t_start=time.perf_counter(), sums=StepSums(), grad=_GradState(),
+        self._stream = _Stream(t_start=self._begin_step(), sums=StepSums(), grad=_GradState(),
                                sampler=self._new_sampler())
 
     def accumulate(self, batch: Sequence[Trajectory] | Sequence[Group],
