@@ -78,6 +78,19 @@ def find_latest_checkpoint(root: str | os.PathLike) -> Path | None:
     return None if best is None else best[1]
 
 
+def _plain_architecture(config_file: Path) -> None:
+    """FSDP2 swaps a sharded model's class for a generated subclass (``FSDPQwen2ForCausalLM``), and
+    ``save_pretrained`` records the class name; an engine needs the model's own architecture name."""
+    if not config_file.exists():
+        return
+    cfg = json.loads(config_file.read_text())
+    archs = cfg.get("architectures") or []
+    plain = [a[4:] if a.startswith("FSDP") else a for a in archs]
+    if plain != archs:
+        cfg["architectures"] = plain
+        config_file.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 def save(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
          source_model_path: Path, state: dict[str, Any], model_state: dict[str, torch.Tensor] | None = None,
          optimizer_state: dict[str, Any] | None = None) -> Path:
@@ -95,6 +108,7 @@ def save(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.op
     tmp.mkdir()
     try:
         model.save_pretrained(str(tmp / "model"), safe_serialization=True, state_dict=model_state)
+        _plain_architecture(tmp / "model" / "config.json")
         if source_model_path.is_dir():
             for f in source_model_path.iterdir():
                 if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and not (tmp / "model" / f.name).exists():

@@ -16,9 +16,12 @@ Two ways to hold the model (``trainer.sharding``):
 - ``fsdp`` (the default on CUDA): :func:`shard_model` applies FSDP2 (``torch.distributed.fsdp.fully_shard``) per
   decoder layer and at the root, with float32 sharded master parameters and bfloat16 (or float32) compute through
   ``MixedPrecisionPolicy``; gradients are reduce-scattered in float32 and *summed* (divide factor 1), because the
-  trainer divides by the whole-batch normaliser itself. FSDP all-gathers parameters in every forward, so every rank
+  trainer divides by the whole-batch normaliser itself (plain SUM collectives: gloo has no ``PREMUL_SUM``). FSDP
+  all-gathers parameters in every forward, so every rank
   must run the same number of forward passes: the trainer pads the ranks with fewer micro-batches with empty ones
-  (:func:`agree_count`). Only the CPU/gloo form of this path is exercised by the tests here (no GPU in CI).
+  (:func:`agree_count`); log-probs come from the model's own forward (``logprob_impl: full``), since the chunked
+  paths read the output head outside it. Checkpoints and the inference state dict gather the full model on rank 0.
+  Only the CPU/gloo form of this path has run (tests/trainer/test_data_parallel.py); it has not run on a GPU.
 
 Invariants: every rank issues the same collectives in the same order (the group calls every rank for every method
 that reaches a collective); the model's initial weights are rank 0's (:func:`broadcast_parameters`); reductions run
@@ -216,11 +219,14 @@ def shard_model(model: torch.nn.Module, device: torch.device, compute_dtype: tor
     for m in model.modules():
         if hasattr(m, "set_gradient_divide_factor"):
             m.set_gradient_divide_factor(1.0)
+            # plain SUM collectives (gloo has no PREMUL_SUM; with factor 1 the post-division is a no-op)
+            m.set_force_sum_reduction_for_comms(True)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     """The whole model's state dict as plain CPU tensors, gathered from the FSDP shards (a collective: call it on
-    every rank). Every rank receives it (``cpu_offload`` keeps it off the GPU)."""
+    every rank). Only rank 0 receives the tensors (``cpu_offload``: the others get ``{}``, and no GPU holds a full
+    copy)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,

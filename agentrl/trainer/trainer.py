@@ -14,7 +14,9 @@ with a loss token for the sequence means) just before clipping and stepping. The
 that pass through :meth:`Trainer._global_counts`, the one place a data-parallel trainer turns per-rank counts into
 all-reduced sums; everything else reported is kept as sums in :class:`~agentrl.trainer.step.StepSums` and reduced
 the same way. Because nothing is divided before the end, a step can also be fed in parts as groups arrive
-(:meth:`Trainer.start_step` / :meth:`Trainer.accumulate` / :meth:`Trainer.finish_step`) with the same result.
+(:meth:`Trainer.start_step` / :meth:`Trainer.accumulate` / :meth:`Trainer.finish_step`) with the same result, and
+split across data-parallel ranks (:meth:`Trainer.enable_data_parallel`): every rank then runs every optimizer step
+and every collective, even with an empty shard.
 
 Versions. ``version`` counts weight updates: it starts at 0 (or the checkpoint's) and increases by exactly one per
 ``train_step``, ``sft_step`` or ``finish_step`` call, whatever ``num_mini_batches``/``ppo_epochs`` are, so the
@@ -704,7 +706,10 @@ class Trainer:
         files), optimizer state, RNG states (python, numpy, torch, CUDA), ``optimizer_steps``, ``version`` and the
         config to ``path``, atomically (see :mod:`agentrl.trainer.checkpoint`): a crash mid-save leaves the previous
         checkpoint (or none), never a partial one. An existing ``path`` is replaced. Returns ``path``. Raises
-        ``RuntimeError`` while a streamed step is open (its gradients are not part of a checkpoint)."""
+        ``RuntimeError`` while a streamed step is open (its gradients are not part of a checkpoint). As a
+        data-parallel rank: every rank must call it; rank 0 writes the whole model and optimizer (replicated: its
+        own; FSDP: gathered from the shards), with ``world_size`` and ``sharding`` in ``trainer_state.json``, and
+        RNG states of rank 0 (every rank restores those)."""
         self._check_no_stream("save_checkpoint")
         state = {"optimizer_steps": self._optimizer_steps, "version": self._version, "config": to_dict(self.config),
                  "world_size": self._world, "sharding": self._sharding}
@@ -728,7 +733,8 @@ class Trainer:
         """Restores model weights, optimizer state, RNG states, ``optimizer_steps`` and ``version`` from a
         directory written by :meth:`save_checkpoint` (or its moved-aside copy after a crash between the renames
         of a replacing save). Returns the saved state (``optimizer_steps``, ``version``, ``config`` as a dict,
-        ...). Raises ``FileNotFoundError`` / ``ValueError`` for a missing or incompatible checkpoint."""
+        ...). Raises ``FileNotFoundError`` / ``ValueError`` for a missing or incompatible checkpoint, including one
+        saved with another number of data-parallel ranks (or another sharding)."""
         self._check_no_stream("load_checkpoint")
         where, saved = ckpt.read_state(path)
         saved_world = int(saved.get("world_size", 1))
@@ -742,14 +748,19 @@ class Trainer:
                                                                  set_optimizer_state_dict)
 
             if saved.get("sharding") != "fsdp":
-                raise ValueError(f"{where}: saved with sharding {saved.get('sharding')!r}, this run uses fsdp")
-            opts = StateDictOptions(full_state_dict=True)
+                raise ValueError(f"{where}: saved with trainer.sharding {saved.get('sharding')!r}, this run uses "
+                                 "fsdp: resume with the sharding that saved it")
+            # strict=False: the file omits tied weights (lm_head.weight <- embed_tokens.weight)
+            opts = StateDictOptions(full_state_dict=True, strict=False)
             set_model_state_dict(self.model, ckpt.read_weights(where), options=opts)
             osd = torch.load(where / "optimizer.pt", map_location="cpu", weights_only=True)
             set_optimizer_state_dict(self.model, self.optimizer, osd, options=opts)
             ckpt.restore_rng(where)
             state = saved
         else:
+            if saved.get("sharding") == "fsdp":  # its optimizer state is keyed by parameter names, not indices
+                raise ValueError(f"{where}: saved with trainer.sharding 'fsdp', this run uses {self._sharding!r}: "
+                                 "resume with trainer.sharding=fsdp")
             state = ckpt.load(where, model=self.model, optimizer=self.optimizer, device=self.device)
         self._optimizer_steps = int(state["optimizer_steps"])
         self._version = int(state["version"])

@@ -2,7 +2,8 @@
 (uneven shards, token- and sequence-normalised losses, streamed steps), checkpoints round-trip at world_size 2 and
 refuse another world_size, a dead rank fails the step naming it, and a too-large world_size is refused before any
 model loads. One Ray cluster for the module and two groups of two tiny-model ranks: ``dp_group`` (decoupled PPO,
-shared by the tests in file order, killed by the last) and one GRPO group."""
+``sharding: replicate``, shared by the tests in file order, killed by the dead-rank test) and a GRPO group with
+``sharding: fsdp`` (FSDP2 over gloo: sharded step, gathered state dict, log-probs and a checkpoint round trip)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from agentrl.trajectory import Group, Trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# decoupled PPO runs on replicated ranks (the CPU default), GRPO on FSDP2 shards (the GPU default, here over gloo)
+SHARDING = {"decoupled_ppo": "replicate", "grpo": "fsdp"}
 LOSSES = {
     # AReaL's decoupled PPO (token mean, behaviour-corrected)
     "decoupled_ppo": LossConfig(name="decoupled_ppo"),
@@ -95,7 +98,7 @@ def test_shards_balance_loss_tokens_and_may_be_uneven() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
-def test_two_ranks_equal_one_trainer(dp_group, tiny_model_dir: Path, name: str) -> None:
+def test_two_ranks_equal_one_trainer(dp_group, tiny_model_dir: Path, tmp_path: Path, name: str) -> None:
     cfg = _cfg(LOSSES[name], record_logprobs=3)
     groups = _groups()
     single = Trainer(cfg, tiny_model_dir)
@@ -105,13 +108,15 @@ def test_two_ranks_equal_one_trainer(dp_group, tiny_model_dir: Path, name: str) 
     assert _max_diff(initial, expected) > 1e-4  # the step moved the weights
 
     group = dp_group if name == "decoupled_ppo" else create_trainer(
-        _cfg(LOSSES[name], record_logprobs=3, world_size=2), tiny_model_dir)
+        _cfg(LOSSES[name], record_logprobs=3, world_size=2, sharding=SHARDING[name]), tiny_model_dir)
     try:
-        assert group.sharding == "replicate" and group.get_version.remote().result() == 0
+        assert group.sharding == SHARDING[name] and group.get_version.remote().result() == 0
         m2 = group.train_step.remote(groups).result()
-        for rank in (0, 1):
-            diff = _max_diff(_rank_weights(group, rank), expected)
-            assert diff <= 1e-5, rank
+        if SHARDING[name] == "replicate":
+            for rank in (0, 1):  # both replicas hold the update
+                assert _max_diff(_rank_weights(group, rank), expected) <= 1e-5, rank
+        else:
+            assert _max_diff(group.state_dict_for_inference.remote(torch.float32).result(), expected) <= 1e-5
         for key in ("loss", "grad_norm", "reward/mean", "adv/std", "batch/loss_tokens", "batch/num_seqs", "entropy",
                     "staleness/mean", "ratio/clip_frac"):
             assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
@@ -129,6 +134,20 @@ def test_two_ranks_equal_one_trainer(dp_group, tiny_model_dir: Path, name: str) 
             group.accumulate.remote(groups[2:]).result()
             assert group.finish_step.remote().result()["version"] == 2
             assert _max_diff(_rank_weights(group, 1), single.state_dict_for_inference(torch.float32)) <= 1e-5
+        else:  # FSDP: log-probs, and a checkpoint round trip of the gathered model and optimizer
+            trajs = [t for g in groups for t in g.trajectories]
+            lp = group.compute_logprobs.remote(trajs).result()
+            assert float((lp - single.compute_logprobs(trajs)).abs().max()) <= 1e-5
+            at_ckpt = group.state_dict_for_inference.remote(torch.float32).result()
+            ck = group.save_checkpoint.remote(str(tmp_path / "fsdp")).result()
+            assert json.loads((Path(ck) / "model/config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+            group.train_step.remote(groups).result()
+            assert group.load_checkpoint.remote(ck).result()["sharding"] == "fsdp"
+            assert _max_diff(group.state_dict_for_inference.remote(torch.float32).result(), at_ckpt) == 0.0
+            single.train_step(groups)  # optimizer state restored: the same second step as one trainer
+            group.train_step.remote(groups).result()
+            assert _max_diff(group.state_dict_for_inference.remote(torch.float32).result(),
+                             single.state_dict_for_inference(torch.float32)) <= 1e-5
     finally:
         if group is not dp_group:
             stop_trainer(group)
