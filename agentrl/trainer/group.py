@@ -18,7 +18,7 @@ weights, the version) go to rank 0 only.
 
 Failures: if a rank dies (or raises while its peers wait in a collective), the call raises
 :class:`TrainerRankError` naming the rank at once, and the group stops all ranks (their process group cannot
-recover). The run then continues from its last checkpoint with ``agentrl train ... --resume``. An error that every
+recover). The run then continues from its last checkpoint with ``agentrl train --resume RUN_DIR``. An error that every
 rank raises alike (a refused call) is re-raised as is and the group stays usable.
 """
 
@@ -109,7 +109,7 @@ class GroupCall:
         raise TrainerRankError(
             f"trainer rank {rank} of {n} {what} during {self.method}: {_short(exc)}. The step is lost and all "
             f"{n} trainer ranks were stopped (their process group cannot continue without it). Resume from the "
-            f"last checkpoint with `agentrl train CONFIG --resume` (same trainer.world_size={n}).") from exc
+            f"last checkpoint with `agentrl train --resume RUN_DIR` (it keeps trainer.world_size={n}).") from exc
 
 
 def _short(exc: Exception, limit: int = 600) -> str:
@@ -158,7 +158,7 @@ class TrainerGroup:
               combine: Any = _first, args: tuple = (), kwargs: dict | None = None) -> GroupCall:
         if self._stopped is not None:
             raise TrainerRankError(f"the trainer group was stopped ({self._stopped}); resume from the last "
-                                   "checkpoint with `agentrl train CONFIG --resume`")
+                                   "checkpoint with `agentrl train --resume RUN_DIR`")
         ranks = list(range(self.world_size)) if ranks is None else ranks
         refs = []
         for r in ranks:
