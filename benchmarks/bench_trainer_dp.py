@@ -1,14 +1,17 @@
 """Data-parallel trainer ranks on the CPU: seconds per ``train_step`` with ``trainer.world_size`` 1 vs 2 and the
 time spent in collectives (gloo all-reduces of the gradients and of the step's counts/metrics).
 
-Each setting starts its trainer(s) as Ray actors exactly as ``agentrl train`` does (``create_trainer``: one actor, or
-a ``TrainerGroup`` of N ranks with one CPU each, so torch uses one thread per rank), runs one warm-up step and then
-``--steps`` timed steps of decoupled PPO on the same batch of random trajectories. Columns:
+Every setting starts its trainer(s) as Ray actors exactly as ``agentrl train`` does (``create_trainer``: one actor,
+or a ``TrainerGroup`` of N ranks with one CPU each, so torch uses one thread per rank), all at once; after one
+warm-up step each, ``--steps`` rounds follow, each timing one step of decoupled PPO per setting on the same batch of
+random trajectories (the order alternates between rounds), so the settings share the machine's load drift.
+Columns:
 
 - ``s/step``: wall seconds per ``train_step`` seen by the driver (sharding, dispatch, the step, the result);
 - ``rank step s``: rank 0's own ``perf/step_s``; ``comm s``: rank 0's ``perf/comm_s``, seconds inside collectives,
   which includes waiting for the slower rank (load imbalance, or a core taken by another process);
-- ``tokens/s``: batch tokens per driver second; ``speed-up``: s/step of world_size 1 over this row's.
+- ``tokens/s``: batch tokens per driver second; ``speed-up``: the median over rounds of (first setting's s/step /
+  this row's s/step) within the same round.
 
 The model is a Qwen2-architecture causal LM of the size given (default ~6.6 M parameters: 26 MB of float32
 gradients per all-reduce), built at start in a temporary directory.
@@ -77,40 +80,49 @@ def main() -> None:
     batch = _batch(args.batch, args.prompt, args.gen, args.vocab)
     tokens = sum(len(t.token_ids) for g in batch for t in g.trajectories)
 
-    ray.init(num_cpus=max(args.world_sizes) + 1, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=sum(args.world_sizes), include_dashboard=False, log_to_driver=False)
     load_before = open("/proc/loadavg").read().split()[:3]
-    rows = []
-    for ws in args.world_sizes:
-        cfg = TrainerConfig(device="cpu", world_size=ws, micro_batch_size=args.micro,
-                            optimizer=OptimizerConfig(lr=1e-5), compute_entropy=True)
-        trainer = create_trainer(cfg, model_dir, num_cpus=1)
-        try:
-            call = (lambda: trainer.train_step.remote(batch).result()) if ws > 1 else (
-                lambda: ray.get(trainer.train_step.remote(batch)))
-            call()  # warm-up
-            walls, steps, comms = [], [], []
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                m = call()
-                walls.append(time.perf_counter() - t0)
-                steps.append(m["perf/step_s"])
-                comms.append(m.get("perf/comm_s", 0.0))
-        finally:
-            stop_trainer(trainer)
-        rows.append((ws, statistics.median(walls), statistics.median(steps), statistics.median(comms)))
+    trainers = {}
+    try:
+        for ws in args.world_sizes:
+            cfg = TrainerConfig(device="cpu", world_size=ws, micro_batch_size=args.micro,
+                                optimizer=OptimizerConfig(lr=1e-5), compute_entropy=True)
+            trainers[ws] = create_trainer(cfg, model_dir, num_cpus=1)
+
+        def step(ws: int) -> tuple[float, dict]:
+            t0 = time.perf_counter()
+            ref = trainers[ws].train_step.remote(batch)
+            m = ref.result() if ws > 1 else ray.get(ref)
+            return time.perf_counter() - t0, m
+
+        for ws in args.world_sizes:
+            step(ws)  # warm-up
+        res: dict[int, list[tuple[float, dict]]] = {ws: [] for ws in args.world_sizes}
+        for r in range(args.steps):
+            for ws in (args.world_sizes if r % 2 == 0 else list(reversed(args.world_sizes))):
+                res[ws].append(step(ws))
+    finally:
+        for t in trainers.values():
+            stop_trainer(t)
     load_after = open("/proc/loadavg").read().split()[:3]
     ray.shutdown()
 
-    base = rows[0][1]
+    first = args.world_sizes[0]
+    rows = []
+    for ws in args.world_sizes:
+        walls = [w for w, _ in res[ws]]
+        ratio = statistics.median(a[0] / b[0] for a, b in zip(res[first], res[ws]))
+        rows.append((ws, statistics.median(walls), statistics.median(m["perf/step_s"] for _, m in res[ws]),
+                     statistics.median(m.get("perf/comm_s", 0.0) for _, m in res[ws]), ratio))
     print(f"\nmodel: Qwen2 {n_params / 1e6:.1f} M params (hidden {args.hidden}, {args.layers} layers, vocab "
           f"{args.vocab}); batch {args.batch} trajectories, {tokens} tokens; micro_batch_size {args.micro} per rank; "
-          f"1 CPU (1 torch thread) per rank; median of {args.steps} steps after 1 warm-up; "
+          f"1 CPU (1 torch thread) per rank; median of {args.steps} alternating rounds after 1 warm-up; "
           f"{os.cpu_count()} cores; load average before {' '.join(load_before)}, after {' '.join(load_after)}\n")
     print("| world_size | s/step | rank step s | comm s | comm share | tokens/s | speed-up |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for ws, wall, step, comm in rows:
-        print(f"| {ws} | {wall:.2f} | {step:.2f} | {comm:.3f} | {comm / step:.0%} | {tokens / wall:.0f} | "
-              f"{base / wall:.2f}x |")
+    for ws, wall, step_s, comm, ratio in rows:
+        print(f"| {ws} | {wall:.2f} | {step_s:.2f} | {comm:.3f} | {comm / step_s:.0%} | {tokens / wall:.0f} | "
+              f"{ratio:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -174,6 +174,16 @@ def test_checkpoint_round_trip_at_world_size_2(dp_group, tiny_model_dir: Path, t
         alone.load_checkpoint(ck)
 
 
+def test_a_rank_with_an_empty_shard_still_steps(dp_group) -> None:
+    group = dp_group
+    version = group.get_version.remote().result()
+    before = _rank_weights(group, 0)
+    m = group.train_step.remote(_groups()[0].trajectories[:1], [1.0]).result()  # one trajectory, two ranks
+    assert m["batch/num_seqs"] == 1 and m["train/skipped_steps"] == 0 and m["version"] == version + 1
+    after = [_rank_weights(group, r) for r in (0, 1)]
+    assert _max_diff(after[0], before) > 0 and _max_diff(after[0], after[1]) == 0.0
+
+
 def test_dead_rank_fails_the_step_naming_it(dp_group) -> None:  # the last user of dp_group
     group = dp_group
     ray.kill(group.actors[1])  # rank 0 will wait in the step's first all-reduce
