@@ -714,16 +714,9 @@ class Trainer:
         state = {"optimizer_steps": self._optimizer_steps, "version": self._version, "config": to_dict(self.config),
                  "world_size": self._world, "sharding": self._sharding}
         if self._sharding == "fsdp":
-            # the full (gathered) model and optimizer state: collectives, so every rank takes part; rank 0 writes
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+            from agentrl.trainer.distributed import save_sharded
 
-            model_state = self._full_model_state()
-            optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(
-                full_state_dict=True, cpu_offload=True))
-            if self._rank != 0:
-                return Path(path)
-            return ckpt.save(path, model=self.model, optimizer=None, source_model_path=self.model_path,
-                             state=state, model_state=model_state, optimizer_state=optim_state)
+            return save_sharded(path, self.model, self.optimizer, self.model_path, state)
         if self._rank != 0:
             return Path(path)  # replicate: every rank holds the same model and optimizer state; rank 0 writes it
         return ckpt.save(path, model=self.model, optimizer=self.optimizer, source_model_path=self.model_path,
@@ -744,18 +737,12 @@ class Trainer:
                 f"trainer.world_size={self._world}; resume with trainer.world_size={saved_world} (a checkpoint holds "
                 f"the whole model, but its optimizer and RNG states belong to the rank layout that saved it)")
         if self._sharding == "fsdp":
-            from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                                 set_optimizer_state_dict)
+            from agentrl.trainer.distributed import load_sharded
 
             if saved.get("sharding") != "fsdp":
                 raise ValueError(f"{where}: saved with trainer.sharding {saved.get('sharding')!r}, this run uses "
                                  "fsdp: resume with the sharding that saved it")
-            # strict=False: the file omits tied weights (lm_head.weight <- embed_tokens.weight)
-            opts = StateDictOptions(full_state_dict=True, strict=False)
-            set_model_state_dict(self.model, ckpt.read_weights(where), options=opts)
-            osd = torch.load(where / "optimizer.pt", map_location="cpu", weights_only=True)
-            set_optimizer_state_dict(self.model, self.optimizer, osd, options=opts)
-            ckpt.restore_rng(where)
+            load_sharded(where, self.model, self.optimizer)
             state = saved
         else:
             if saved.get("sharding") == "fsdp":  # its optimizer state is keyed by parameter names, not indices
