@@ -195,12 +195,16 @@ async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer
 def check_resources(cfg: TrainConfig) -> None:
     """Raises :class:`agentrl.inference.placement.ResourceError` unless the Ray cluster can host the trainer and
     the engine replicas at once (README, "Running on a Ray cluster")."""
-    from agentrl.inference.placement import Ask, check_fits, cluster_has_gpus, engine_ask
+    from agentrl.inference.placement import check_fits, cluster_has_gpus, engine_ask, trainer_ask
 
     gpus = cluster_has_gpus()
-    trainer = Ask("trainer_num_cpus / trainer.device", 1,
-                  {"CPU": cfg.trainer_num_cpus, **({"GPU": 1.0} if cfg.trainer.device == "cuda" else {})})
-    check_fits([trainer, engine_ask(cfg.engine, gpus)])
+    check_fits([trainer_ask(cfg.trainer.world_size, cfg.trainer_num_cpus, trainer_gpu(cfg, gpus)),
+                engine_ask(cfg.engine, gpus)])
+
+
+def trainer_gpu(cfg: TrainConfig, cluster_gpus: bool) -> bool:
+    """Whether each trainer rank takes a GPU: ``trainer.device: cuda``, or ``auto`` on a cluster with GPUs."""
+    return cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and cluster_gpus)
 
 
 class TaskLedger:
@@ -292,7 +296,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
 
     from agentrl.inference.config import make_engine
     from agentrl.rollout import AgentLoopPolicy
-    from agentrl.trainer.actor import create_trainer_actor
+    from agentrl.trainer.group import create_trainer, stop_trainer
 
     cfg.validate()  # a config built in Python skipped the loader's checks (and the derived trainer temperature)
     t_start = time.perf_counter()
@@ -324,8 +328,10 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
             start_model = await warm_start(cfg, model_dir, ws_dir, tokenizer)
     t_rl = time.perf_counter()
 
-    trainer = create_trainer_actor(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
-                                   num_gpus=1 if cfg.trainer.device == "cuda" else 0)
+    from agentrl.inference.placement import cluster_has_gpus
+
+    trainer = create_trainer(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
+                             num_gpus=1 if trainer_gpu(cfg, cluster_has_gpus()) else 0)
     step0, history = 0, {}
     tasks = TaskLedger(cfg.env)
     if latest is not None:
@@ -365,7 +371,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
         if policy is not None and hasattr(policy, "aclose"):  # the factory's policy (e.g. the gateway's server)
             await policy.aclose()
         await engine.close()
-        ray.kill(trainer)
+        stop_trainer(trainer)
 
 
 def _batch_source(cfg: TrainConfig, mgr: Any, policy: Any, tasks: TaskLedger) -> Any:

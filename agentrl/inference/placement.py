@@ -6,7 +6,8 @@ What each part asks Ray for (one "bundle" per unit):
 - engine replica (``engine.replicas`` of them): ``{"CPU": engine.num_cpus, "GPU": engine.tensor_parallel_size}``
   on a cluster with GPUs (no ``GPU`` key otherwise), plus ``engine.resources``; only on nodes whose Ray labels
   match ``engine.label_selector``. The replicas share one placement group with ``engine.placement_strategy``.
-- trainer: ``{"CPU": trainer_num_cpus, "GPU": 1}`` (no GPU on CPU hosts); see :mod:`agentrl.pipeline`.
+- trainer rank (``trainer.world_size`` of them): ``{"CPU": trainer_num_cpus, "GPU": 1}`` (no GPU on CPU hosts);
+  one placement group (``PACK``); see :mod:`agentrl.trainer.group`.
 - env workers: ``manager.worker_num_cpus`` each (0 by default), spread over the cluster.
 
 :func:`check_fits` compares the sum of all asks with what Ray reports free, and each bundle with what one node
@@ -64,6 +65,14 @@ def engine_ask(cfg: EngineConfig, gpus: bool | None = None) -> Ask | None:
     fields = f"engine.replicas={cfg.replicas}" + (f" x engine.tensor_parallel_size={cfg.tensor_parallel_size}"
                                                  if gpus and cfg.tensor_parallel_size > 1 else "")
     return Ask(fields, cfg.replicas, replica_bundle(cfg, gpus), dict(cfg.label_selector))
+
+
+def trainer_ask(world_size: int, num_cpus: float, gpu: bool) -> Ask:
+    """The trainer ranks' ask: ``world_size`` x ``{CPU: num_cpus, GPU: 1 if gpu}``."""
+    fields = f"trainer.world_size={world_size} x trainer_num_cpus={num_cpus:g}" + (" (+1 GPU each, trainer.device: "
+                                                                                 "cuda)" if gpu else "")
+    bundle = {"CPU": float(num_cpus), **({"GPU": 1.0} if gpu else {})}
+    return Ask(fields, world_size, {k: v for k, v in bundle.items() if v > 0} or {"CPU": 0.001})
 
 
 def _fmt(res: dict[str, float]) -> str:

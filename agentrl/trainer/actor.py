@@ -16,17 +16,9 @@ cannot call properties remotely, hence ``get_version``); :data:`TrainerActor` is
     metrics = ray.get(actor.finish_step.remote())
     records = ray.get(actor.take_logprob_records.remote())            # with trainer.record_logprobs > 0
 
-Data parallelism (not implemented; ``TrainerConfig.world_size > 1`` raises ``NotImplementedError``). The plan it is
-built for: start ``world_size`` ``TrainerActor``s in a placement group, one per GPU; each calls
-``torch.distributed.init_process_group`` (NCCL; rank 0's address/port handed to all through Ray) and wraps the model
-in ``FullyShardedDataParallel`` (or ``DistributedDataParallel``) before building the optimizer. The controller
-splits each batch into ``world_size`` shards of equal *loss-token* count and calls ``train_step`` on all actors at
-once. Inside ``Trainer`` the hooks are in place: gradients accumulate as unnormalised sums and are divided by the
-whole-batch normaliser computed from ``Trainer._global_counts`` (an all-reduce SUM once ``Trainer.reducer`` is a
-distributed :class:`~agentrl.trainer.step.Reducer`); the wrapper must SUM the gradients across ranks (not average
-them) or override ``Trainer._reduce_gradients``; metrics are kept as sums and reduced by the same reducer.
-``state_dict_for_inference`` gathers a full state dict on rank 0 (FSDP ``FULL_STATE_DICT``) and checkpoints save
-per-rank optimizer shards.
+Data parallelism (``trainer.world_size: N``): :mod:`agentrl.trainer.group` starts N of these actors in a placement
+group, joins them with :meth:`TrainerWorker.init_distributed` and offers the same remote-call surface as one actor
+(``create_trainer`` returns either). Rank logic lives in :mod:`agentrl.trainer.distributed`.
 """
 
 from __future__ import annotations
@@ -99,6 +91,22 @@ class TrainerWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    # Data parallelism (agentrl.trainer.group): rank 0 names the rendezvous, then every rank joins.
+    def rendezvous(self) -> tuple[str, int]:
+        from agentrl.trainer.distributed import free_port
+
+        return free_port()
+
+    def init_distributed(self, address: str, port: int, rank: int, world_size: int, timeout_s: float) -> dict:
+        """Joins the ranks' process group (NCCL on CUDA, gloo on CPU) and makes the trainer one of its ranks.
+        Returns ``{"rank", "sharding", "pid", "host"}``."""
+        from agentrl.trainer.distributed import init_process_group, rank_env
+
+        backend = "nccl" if self.trainer.device.type == "cuda" else "gloo"
+        init_process_group(address, port, rank, world_size, backend, timeout_s)
+        self.trainer.enable_data_parallel()
+        return {"rank": rank, "sharding": self.trainer.sharding, **rank_env()}
+
 
 TrainerActor = ray.remote(TrainerWorker)
 
@@ -115,7 +123,8 @@ def create_trainer_actor(
     loaded, so a bad path or config raises here (as ``ray.exceptions.RayTaskError``) rather than on first use.
     ``num_gpus`` should be 1 on GPU hosts (the actor then sees exactly one device)."""
     if config.world_size > 1:
-        raise NotImplementedError("world_size > 1 is not implemented: see agentrl/trainer/actor.py's docstring")
+        raise ValueError("create_trainer_actor starts one trainer: use agentrl.trainer.group.create_trainer for "
+                         f"trainer.world_size={config.world_size}")
     opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     if name is not None:
         opts["name"] = name

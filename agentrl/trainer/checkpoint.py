@@ -78,10 +78,26 @@ def find_latest_checkpoint(root: str | os.PathLike) -> Path | None:
     return None if best is None else best[1]
 
 
-def save(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         source_model_path: Path, state: dict[str, Any]) -> Path:
+def _plain_architecture(config_file: Path) -> None:
+    """FSDP2 swaps a sharded model's class for a generated subclass (``FSDPQwen2ForCausalLM``), and
+    ``save_pretrained`` records the class name; an engine needs the model's own architecture name."""
+    if not config_file.exists():
+        return
+    cfg = json.loads(config_file.read_text())
+    archs = cfg.get("architectures") or []
+    plain = [a[4:] if a.startswith("FSDP") else a for a in archs]
+    if plain != archs:
+        cfg["architectures"] = plain
+        config_file.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def save(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+         source_model_path: Path, state: dict[str, Any], model_state: dict[str, torch.Tensor] | None = None,
+         optimizer_state: dict[str, Any] | None = None) -> Path:
     """Writes a checkpoint of ``model``/``optimizer``/the RNG states with ``state`` (``optimizer_steps``,
-    ``version``, ``config``, ...) to ``path`` atomically (see module docstring). Returns ``path``."""
+    ``version``, ``config``, ...) to ``path`` atomically (see module docstring). Returns ``path``.
+    ``model_state`` / ``optimizer_state`` replace the module's own state dicts (FSDP: the full state dicts gathered
+    from the shards)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Leftovers of saves to this path that were killed mid-way (one trainer saves a given path at a time).
@@ -91,12 +107,14 @@ def save(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.op
     tmp = path.parent / f".{path.name}.tmp-{tag}"
     tmp.mkdir()
     try:
-        model.save_pretrained(str(tmp / "model"), safe_serialization=True)
+        model.save_pretrained(str(tmp / "model"), safe_serialization=True, state_dict=model_state)
+        _plain_architecture(tmp / "model" / "config.json")
         if source_model_path.is_dir():
             for f in source_model_path.iterdir():
                 if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES) and not (tmp / "model" / f.name).exists():
                     shutil.copy2(f, tmp / "model" / f.name)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(optimizer_state if optimizer_state is not None else optimizer.state_dict(),  # type: ignore[union-attr]
+                   tmp / "optimizer.pt")
         rng = {
             "python": random.getstate(),
             "numpy": np.random.get_state(),
@@ -127,8 +145,24 @@ def load(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.op
     """Restores weights (cast to the model's dtype), optimizer state and RNG states from a checkpoint written by
     :func:`save` (or its moved-aside copy after a crash between renames). Returns the saved state dict. Raises
     ``FileNotFoundError`` / ``ValueError`` for a missing or incompatible checkpoint."""
-    from safetensors.torch import load_file
+    path, state = read_state(path)
+    sd = read_weights(path)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if unexpected:
+        raise ValueError(f"{path}: weights not in the model: {sorted(unexpected)[:5]}")
+    own = model.state_dict()
+    loaded_ptrs = {own[k].data_ptr() for k in sd}
+    really_missing = [k for k in missing if own[k].data_ptr() not in loaded_ptrs]
+    if really_missing:  # tied weights (lm_head <- embed_tokens) are legitimately absent from the file
+        raise ValueError(f"{path}: checkpoint lacks weights {really_missing[:5]}")
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=device, weights_only=True))
+    restore_rng(path)
+    return state
 
+
+def read_state(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """Returns ``(directory, trainer_state.json contents)`` of the checkpoint at ``path`` (or its moved-aside copy
+    after a crash between the renames of a replacing save). Raises ``FileNotFoundError`` / ``ValueError``."""
     path = Path(path)
     if not (path / STATE_FILE).exists():
         aside = sorted(path.parent.glob(f".{path.name}.old-*")) if path.parent.is_dir() else []
@@ -139,25 +173,27 @@ def load(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.op
     state = json.loads((path / STATE_FILE).read_text())
     if state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: checkpoint format {state.get('format')} != {CHECKPOINT_FORMAT}")
+    return path, state
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's model weights (``model/*.safetensors``) as ``{hf_name: cpu tensor}``."""
+    from safetensors.torch import load_file
+
     files = sorted((path / "model").glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path / 'model'}: no *.safetensors weights")
     sd: dict[str, torch.Tensor] = {}
     for f in files:
         sd.update(load_file(str(f)))
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if unexpected:
-        raise ValueError(f"{path}: weights not in the model: {sorted(unexpected)[:5]}")
-    own = model.state_dict()
-    loaded_ptrs = {own[k].data_ptr() for k in sd}
-    really_missing = [k for k in missing if own[k].data_ptr() not in loaded_ptrs]
-    if really_missing:  # tied weights (lm_head <- embed_tokens) are legitimately absent from the file
-        raise ValueError(f"{path}: checkpoint lacks weights {really_missing[:5]}")
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=device, weights_only=True))
+    return sd
+
+
+def restore_rng(path: Path) -> None:
+    """Restores the python, numpy, torch (and CUDA) RNG states saved in ``path/rng.pt``."""
     rng = torch.load(path / "rng.pt", weights_only=False)  # our own file: holds numpy/python state objects
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
     if rng.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return state

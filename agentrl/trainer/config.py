@@ -196,8 +196,13 @@ class TrainerConfig:
     ``temperature`` divides the logits before the log-softmax in every log-prob path so that trainer log-probs are
     those of the distribution the engine sampled from. ``max_seq_len`` truncates longer trajectories (tail dropped,
     counted in the ``batch/truncated_seqs`` metric). ``record_logprobs``: how many trajectories per step the
-    trainer keeps its log-probs of (:meth:`Trainer.take_logprob_records`). ``world_size > 1`` (data-parallel
-    trainer actors) is declared for configs but not implemented: the trainer raises ``NotImplementedError``.
+    trainer keeps its log-probs of (:meth:`Trainer.take_logprob_records`).
+
+    Data parallelism: ``world_size: N`` runs N trainer ranks (Ray actors joined by ``torch.distributed``; see
+    :mod:`agentrl.trainer.group`); each step's batch is split between them by loss-token count and the update equals
+    one rank's on the whole batch. ``sharding``: ``replicate`` (whole model on every rank, gradients all-reduced),
+    ``fsdp`` (FSDP2 shards, bf16/fp32 compute over fp32 master shards), or ``auto`` (``fsdp`` on CUDA, ``replicate``
+    on CPU). ``micro_batch_size`` and ``micro_batch_tokens`` are per rank.
     """
 
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -223,6 +228,7 @@ class TrainerConfig:
     log_mismatch_metrics: bool = True
     seed: int = 0
     world_size: int = 1
+    sharding: Literal["auto", "replicate", "fsdp"] = "auto"
     record_logprobs: int = 0  # per train_step, trajectories whose trainer log-probs are kept (agentrl.trainer.records)
 
     @property

@@ -14,7 +14,9 @@ with a loss token for the sequence means) just before clipping and stepping. The
 that pass through :meth:`Trainer._global_counts`, the one place a data-parallel trainer turns per-rank counts into
 all-reduced sums; everything else reported is kept as sums in :class:`~agentrl.trainer.step.StepSums` and reduced
 the same way. Because nothing is divided before the end, a step can also be fed in parts as groups arrive
-(:meth:`Trainer.start_step` / :meth:`Trainer.accumulate` / :meth:`Trainer.finish_step`) with the same result.
+(:meth:`Trainer.start_step` / :meth:`Trainer.accumulate` / :meth:`Trainer.finish_step`) with the same result, and
+split across data-parallel ranks (:meth:`Trainer.enable_data_parallel`): every rank then runs every optimizer step
+and every collective, even with an empty shard.
 
 Versions. ``version`` counts weight updates: it starts at 0 (or the checkpoint's) and increases by exactly one per
 ``train_step``, ``sft_step`` or ``finish_step`` call, whatever ``num_mini_batches``/``ppo_epochs`` are, so the
@@ -93,20 +95,15 @@ class Trainer:
     model.
 
     Construct with a validated :class:`TrainerConfig` and the path of a HF causal LM directory. Raises
-    ``ValueError`` for an invalid config (naming the key) and ``NotImplementedError`` for ``world_size > 1``.
-    ``reducer`` (default :class:`~agentrl.trainer.step.LocalReducer`) is the data-parallel hook: see
-    :meth:`_global_counts`.
+    ``ValueError`` for an invalid config (naming the key). It trains alone until :meth:`enable_data_parallel`
+    makes it one rank of a ``torch.distributed`` group (:mod:`agentrl.trainer.distributed`); ``reducer`` (default
+    :class:`~agentrl.trainer.step.LocalReducer`) is the data-parallel hook: see :meth:`_global_counts`.
     """
 
     def __init__(self, config: TrainerConfig, model_path: str | os.PathLike) -> None:
         if isinstance(config, dict):
             config = from_dict(TrainerConfig, config, "trainer config")
         config.validate()
-        if config.world_size > 1:
-            raise NotImplementedError(
-                "world_size > 1 (data-parallel trainer actors) is not implemented yet: run one trainer actor "
-                "(world_size: 1); see agentrl/trainer/actor.py for how torch.distributed/FSDP plug in"
-            )
         self.config = config
         self.model_path = Path(model_path)
         if config.device == "auto":
@@ -144,12 +141,12 @@ class Trainer:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
 
-        opt = config.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self._params(), lr=opt.lr, betas=(float(opt.betas[0]), float(opt.betas[1])), eps=opt.eps,
-            weight_decay=opt.weight_decay,
-        )
+        self.optimizer = self._make_optimizer()
         self.reducer: Reducer = LocalReducer()
+        # Data parallelism (enable_data_parallel): this rank, the number of ranks, and how the model is held
+        # ("none" alone, "replicate": whole model per rank + summed gradients, "fsdp": FSDP2 shards).
+        self._rank, self._world, self._sharding = 0, 1, "none"
+        self._comm_at_start = 0.0
         self._version = 0
         self._optimizer_steps = 0
         self._last_lr: float | None = None
@@ -181,6 +178,52 @@ class Trainer:
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        opt = self.config.optimizer
+        return torch.optim.AdamW(self._params(), lr=opt.lr, betas=(float(opt.betas[0]), float(opt.betas[1])),
+                                 eps=opt.eps, weight_decay=opt.weight_decay)
+
+    @property
+    def rank(self) -> int:
+        """This trainer's data-parallel rank (0 when alone)."""
+        return self._rank
+
+    @property
+    def sharding(self) -> str:
+        """``none`` (one trainer), ``replicate`` or ``fsdp`` (see :mod:`agentrl.trainer.distributed`)."""
+        return self._sharding
+
+    def enable_data_parallel(self) -> None:
+        """Makes this trainer one rank of the already initialised default ``torch.distributed`` process group
+        (:func:`agentrl.trainer.distributed.init_process_group`), before any step: metrics and loss normalisers
+        become all-reduced sums, and the model is held as ``config.sharding`` says (``auto``: ``fsdp`` on CUDA,
+        ``replicate`` on CPU). Every rank starts from rank 0's weights. Raises ``RuntimeError`` after a step or
+        when no process group exists."""
+        import torch.distributed as dist
+
+        from agentrl.trainer import distributed as dd
+
+        if not dist.is_initialized():
+            raise RuntimeError("enable_data_parallel: torch.distributed is not initialised")
+        if self._version or self._optimizer_steps or self._stream is not None:
+            raise RuntimeError("enable_data_parallel must be called before the first step")
+        self._rank, self._world = dist.get_rank(), dist.get_world_size()
+        mode = self.config.sharding
+        if mode == "auto":
+            mode = "fsdp" if self.device.type == "cuda" else "replicate"
+        self._sharding = mode
+        self.reducer = dd.DistReducer(self.device)
+        dd.broadcast_parameters(self.model)
+        if mode == "fsdp":
+            if self._impl != "full":
+                # The chunked log-prob paths read the output head's weight outside the model's forward, where
+                # FSDP2 holds only this rank's shard of it; the model's own forward (full logits) all-gathers it.
+                log.info("fsdp: log-probs from the model's full logits (logprob_impl %s needs the unsharded head)",
+                         self._impl)
+                self._impl = "full"
+            dd.shard_model(self.model, self.device, self._compute_dtype)
+            self.optimizer = self._make_optimizer()  # over the sharded (DTensor) parameters
+
     def _lr(self) -> float:
         """The learning rate the next optimizer step uses."""
         opt = self.config.optimizer
@@ -197,14 +240,33 @@ class Trainer:
                                     temperature=self.config.temperature, entropy=entropy, entropy_grad=entropy_grad)
 
     def _micro_batches(self, seqs: list[Seq]) -> list[list[Seq]]:
+        """Micro-batches of ``seqs``; under FSDP padded with empty ones up to the largest count of any rank (every
+        rank must run the same number of forward passes: each all-gathers parameters)."""
         cfg = self.config
-        return split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens, packing=cfg.packing)
+        groups = split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens, packing=cfg.packing)
+        if self._sharding == "fsdp":
+            from agentrl.trainer.distributed import agree_count
+
+            groups += [[] for _ in range(agree_count(len(groups), self.device) - len(groups))]
+        return groups
+
+    def _dummy_pass(self, model: torch.nn.Module, backward: bool) -> None:
+        """A forward (and backward) of a 2-token sequence with no loss token: an FSDP rank with fewer micro-batches
+        than its peers joins their collectives with it; its gradient contribution is exactly zero."""
+        mb = collate(scoring_sequences([[0, 0]], self.vocab_size), self.device, packing=self.config.packing)
+        logp, _ = self._forward(model, mb, entropy=False)
+        if backward:
+            (logp.sum() * 0.0).backward()
 
     @torch.no_grad()
     def _fill_logprobs(self, seqs: list[Seq], model: torch.nn.Module, attr: str,
                        sampler: RecordSampler | None = None) -> None:
         model.eval()
-        for group in self._micro_batches(seqs):
+        for group in self._micro_batches(seqs) if model is self.model else split_micro(
+                seqs, self.config.micro_batch_size, self.config.micro_batch_tokens, packing=self.config.packing):
+            if not group:
+                self._dummy_pass(model, backward=False)
+                continue
             mb = collate(group, self.device, packing=self.config.packing)
             logp, _ = self._forward(model, mb, entropy=False)
             logp = logp.float().cpu()
@@ -284,10 +346,14 @@ class Trainer:
         """Forward and backward over micro-batches of ``seqs``, accumulating unnormalised gradients, loss sums
         and counts into ``grad`` and token-weighted metrics into ``sums``. Stops at the first non-finite loss
         (``grad.finite`` becomes False; the optimizer step will be skipped)."""
-        if not grad.finite:
+        fsdp = self._sharding == "fsdp"
+        if not grad.finite and not fsdp:
             return
         self.model.train()
         for group in self._micro_batches(seqs):
+            if not group or not grad.finite:  # FSDP: keep this rank in its peers' collectives
+                self._dummy_pass(self.model, backward=True)
+                continue
             mb = collate(group, self.device, packing=self.config.packing)
             logp, ent = self._forward(self.model, mb, entropy=entropy, entropy_grad=entropy_grad)
             if sampler is not None:
@@ -296,6 +362,9 @@ class Trainer:
             if not torch.isfinite(loss):
                 log.warning("non-finite loss in a micro-batch: the optimizer step will be skipped")
                 grad.finite = False
+                if fsdp:  # the backward's reduce-scatter is a collective; the step is skipped on every rank anyway
+                    loss.backward()
+                    continue
                 return
             loss.backward()
             w = float(mb.mask.sum())
@@ -324,8 +393,12 @@ class Trainer:
         return self.reducer.sum(local)
 
     def _reduce_gradients(self) -> None:
-        """Hook: makes ``p.grad`` the sum over all workers (no-op with one worker, or when the data-parallel
-        wrapper already reduced them during backward)."""
+        """Makes ``p.grad`` the sum over all workers: an all-reduce in ``replicate`` mode; a no-op alone and under
+        FSDP (which reduce-scattered them, summed, during backward)."""
+        if self._sharding == "replicate":
+            from agentrl.trainer.distributed import sum_gradients
+
+            sum_gradients(self._params())
 
     def _apply_update(self, grad: _GradState, sums: StepSums, aggregation: str) -> bool:
         """Normalises the accumulated gradient by the whole batch's normaliser, clips it and steps. Returns
@@ -343,7 +416,8 @@ class Trainer:
                 if p.grad is not None:
                     p.grad.mul_(1.0 / denom)
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-            gnorm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            gnorm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor under FSDP
             ok = math.isfinite(gnorm)
             if not ok:
                 log.warning("skipping an optimizer step: non-finite gradient norm")
@@ -374,11 +448,50 @@ class Trainer:
         self._version += 1
         elapsed = time.perf_counter() - t_start
         out["perf/step_s"] = elapsed
+        if self._world > 1:
+            from agentrl.trainer.distributed import comm_seconds
+
+            # this rank's seconds in collectives during the step (waiting for a slower rank included)
+            out["perf/comm_s"] = comm_seconds() - self._comm_at_start
         out["perf/tokens_per_s"] = out.get("batch/num_tokens", 0.0) / max(elapsed, 1e-9)
         out["version"] = float(self._version)
         out["optimizer_steps"] = float(self._optimizer_steps)
         self._records = sampler.take()
         return out
+
+    def _prepare(self, trajs: list[Trajectory], advantages: Sequence[float] | None, what: str, *,
+                 check_global: bool = True) -> tuple[list[Seq], dict[str, float]]:
+        """Validated, tensorised sequences of this worker's part of the batch (see ``prepare_sequences``). Alone,
+        an empty or untrainable batch raises ``ValueError``. As a data-parallel rank, an empty or untrainable
+        *shard* is fine (the rank still joins every collective of the step); with ``check_global`` the ranks
+        raise together when the whole batch has nothing trainable."""
+        if self._world == 1:
+            if not trajs:
+                raise ValueError(f"{what} got an empty batch")
+            return prepare_sequences(trajs, advantages, vocab_size=self.vocab_size,
+                                     max_seq_len=self.config.max_seq_len)
+        seqs: list[Seq] = []
+        info = {"batch/dropped_invalid": 0.0, "batch/truncated_seqs": 0.0}
+        if trajs:
+            try:
+                seqs, info = prepare_sequences(trajs, advantages, vocab_size=self.vocab_size,
+                                               max_seq_len=self.config.max_seq_len)
+            except ValueError as e:
+                if "no trainable trajectory" not in str(e):
+                    raise
+                log.warning("rank %d: %s", self._rank, e)
+                info["batch/dropped_invalid"] = float(len(trajs))
+        if check_global and self.reducer.sum({"seqs": float(len(seqs))}).get("seqs", 0.0) == 0:
+            raise ValueError(f"{what}: no trainable trajectory in the batch on any of the {self._world} ranks")
+        return seqs, info
+
+    def _begin_step(self) -> float:
+        """Returns the step's start time (and notes the collective seconds so far, for ``perf/comm_s``)."""
+        if self._world > 1:
+            from agentrl.trainer.distributed import comm_seconds
+
+            self._comm_at_start = comm_seconds()
+        return time.perf_counter()
 
     def _check_no_stream(self, what: str) -> None:
         if self._stream is not None:
@@ -418,20 +531,18 @@ class Trainer:
         absent when they do not apply).
         """
         self._check_no_stream("train_step")
-        t_start = time.perf_counter()
+        t_start = self._begin_step()
         trajs = _flatten(batch)
-        if not trajs:
-            raise ValueError("train_step got an empty batch")
-        if advantages is None:
+        if advantages is None and trajs:
             advantages = compute_advantages(batch, self.config.advantage)  # type: ignore[arg-type]
-        seqs, info = prepare_sequences(trajs, advantages, vocab_size=self.vocab_size,
-                                       max_seq_len=self.config.max_seq_len)
+        seqs, info = self._prepare(trajs, advantages, "train_step")
         sums = self._start_sums(info, seqs)
         seqs = [s for s in seqs if s.loss_tokens > 0]  # nothing to learn from the others; skip their forward
         cfg = self.config
         sampler = self._new_sampler()
         reuse = self._prox_reusable()
-        prox_pass = bool(seqs) and self._needs_prox() and not reuse
+        # ranks decide alike (an FSDP rank without sequences still joins its peers' forward passes)
+        prox_pass = (bool(seqs) or self._world > 1) and self._needs_prox() and not reuse
         t_prox = time.perf_counter()
         if prox_pass:
             self._fill_logprobs(seqs, self.model, "prox", sampler)
@@ -441,6 +552,10 @@ class Trainer:
 
         loss_fn = self._rl_loss(prox_from_forward=reuse and self._needs_prox())
         mini = mini_batches(seqs, cfg.num_mini_batches)
+        if self._world > 1:
+            # every rank takes every optimizer step (each is a collective), with its share of each mini-batch: the
+            # k-th mini-batch of the step is the union of the ranks' k-th parts, normalised over all of them
+            mini += [[] for _ in range(cfg.num_mini_batches - len(mini))]
         entropy = cfg.compute_entropy or cfg.loss.entropy_coef > 0
         first = True
         for _ in range(cfg.ppo_epochs):
@@ -461,11 +576,8 @@ class Trainer:
         ``sft/nll`` (before the update), ``grad_norm``, ``lr``, ``batch/*``, ``perf/step_s``, ``perf/tokens_per_s``,
         ``version``, ``optimizer_steps``, ``train/skipped_steps``."""
         self._check_no_stream("sft_step")
-        t_start = time.perf_counter()
-        if not trajectories:
-            raise ValueError("sft_step got an empty batch")
-        seqs, info = prepare_sequences(list(trajectories), None, vocab_size=self.vocab_size,
-                                       max_seq_len=self.config.max_seq_len)
+        t_start = self._begin_step()
+        seqs, info = self._prepare(list(trajectories), None, "sft_step")
         sums = StepSums()
         for k, v in info.items():
             sums.add_total(k, v)
@@ -504,7 +616,7 @@ class Trainer:
                 f"streamed accumulation needs num_mini_batches: 1 and ppo_epochs: 1 (got {cfg.num_mini_batches} and "
                 f"{cfg.ppo_epochs}): several optimizer steps per batch need the whole batch first; use train_step")
         self.optimizer.zero_grad(set_to_none=True)
-        self._stream = _Stream(t_start=time.perf_counter(), sums=StepSums(), grad=_GradState(),
+        self._stream = _Stream(t_start=self._begin_step(), sums=StepSums(), grad=_GradState(),
                                sampler=self._new_sampler())
 
     def accumulate(self, batch: Sequence[Trajectory] | Sequence[Group],
@@ -519,17 +631,14 @@ class Trainer:
             raise RuntimeError("accumulate() outside a streamed step: call start_step() first")
         t0 = time.perf_counter()
         trajs = _flatten(batch)
-        if not trajs:
-            raise ValueError("accumulate got an empty batch")
-        gids = ({g.id for g in batch} if isinstance(batch[0], Group)  # type: ignore[union-attr]
+        gids = ({g.id for g in batch} if trajs and isinstance(batch[0], Group)  # type: ignore[union-attr]
                 else {t.group_id for t in trajs})
         if advantages is None and gids & st.groups:
             raise ValueError(f"group {sorted(gids & st.groups)[0]!r} was already accumulated in this step: "
                              "advantages are per group, so each accumulate() call must carry whole groups")
-        if advantages is None:
+        if advantages is None and trajs:
             advantages = compute_advantages(batch, self.config.advantage)  # type: ignore[arg-type]
-        seqs, info = prepare_sequences(trajs, advantages, vocab_size=self.vocab_size,
-                                       max_seq_len=self.config.max_seq_len)
+        seqs, info = self._prepare(trajs, advantages, "accumulate", check_global=False)
         st.groups |= gids
         st.calls += 1
         for k, v in info.items():
@@ -538,7 +647,7 @@ class Trainer:
         seqs = [s for s in seqs if s.loss_tokens > 0]
         cfg = self.config
         reuse = not self._has_dropout  # the weights do not move until finish_step
-        prox_pass = bool(seqs) and self._needs_prox() and not reuse
+        prox_pass = (bool(seqs) or self._world > 1) and self._needs_prox() and not reuse
         if prox_pass:
             self._fill_logprobs(seqs, self.model, "prox", st.sampler)
         if seqs and self.ref_model is not None:
@@ -572,25 +681,44 @@ class Trainer:
         """Returns ``{name: tensor}`` with the HF parameter/buffer names of the model (``model.layers.0...``,
         ``lm_head.weight`` also present when tied), detached CPU copies, safe to ship while the trainer keeps
         stepping. Floating tensors are cast to ``dtype``; by default to bfloat16 when the trainer computes in
-        bfloat16 (what the engine runs; half the bytes of the float32 master weights), else left float32."""
+        bfloat16 (what the engine runs; half the bytes of the float32 master weights), else left float32.
+        Under FSDP this gathers the shards (a collective: every rank must call it) and only rank 0 gets the
+        tensors (the others get ``{}``)."""
         if dtype is None and self._compute_dtype == torch.bfloat16:
             dtype = torch.bfloat16
         out: dict[str, Tensor] = {}
-        for name, t in self.model.state_dict().items():
+        for name, t in self._full_model_state().items():
             t = t.detach()
             if dtype is not None and t.is_floating_point():
                 t = t.to(dtype)
             out[name] = t.to("cpu", copy=True).contiguous()
         return out
 
+    def _full_model_state(self) -> dict[str, Tensor]:
+        if self._sharding == "fsdp":
+            from agentrl.trainer.distributed import full_state_dict
+
+            return full_state_dict(self.model)
+        return self.model.state_dict()
+
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
         """Writes model (HF ``save_pretrained`` under ``path/model``, float32, with the source model's tokenizer
         files), optimizer state, RNG states (python, numpy, torch, CUDA), ``optimizer_steps``, ``version`` and the
         config to ``path``, atomically (see :mod:`agentrl.trainer.checkpoint`): a crash mid-save leaves the previous
         checkpoint (or none), never a partial one. An existing ``path`` is replaced. Returns ``path``. Raises
-        ``RuntimeError`` while a streamed step is open (its gradients are not part of a checkpoint)."""
+        ``RuntimeError`` while a streamed step is open (its gradients are not part of a checkpoint). As a
+        data-parallel rank: every rank must call it; rank 0 writes the whole model and optimizer (replicated: its
+        own; FSDP: gathered from the shards), with ``world_size`` and ``sharding`` in ``trainer_state.json``, and
+        RNG states of rank 0 (every rank restores those)."""
         self._check_no_stream("save_checkpoint")
-        state = {"optimizer_steps": self._optimizer_steps, "version": self._version, "config": to_dict(self.config)}
+        state = {"optimizer_steps": self._optimizer_steps, "version": self._version, "config": to_dict(self.config),
+                 "world_size": self._world, "sharding": self._sharding}
+        if self._sharding == "fsdp":
+            from agentrl.trainer.distributed import save_sharded
+
+            return save_sharded(path, self.model, self.optimizer, self.model_path, state)
+        if self._rank != 0:
+            return Path(path)  # replicate: every rank holds the same model and optimizer state; rank 0 writes it
         return ckpt.save(path, model=self.model, optimizer=self.optimizer, source_model_path=self.model_path,
                          state=state)
 
@@ -598,9 +726,29 @@ class Trainer:
         """Restores model weights, optimizer state, RNG states, ``optimizer_steps`` and ``version`` from a
         directory written by :meth:`save_checkpoint` (or its moved-aside copy after a crash between the renames
         of a replacing save). Returns the saved state (``optimizer_steps``, ``version``, ``config`` as a dict,
-        ...). Raises ``FileNotFoundError`` / ``ValueError`` for a missing or incompatible checkpoint."""
+        ...). Raises ``FileNotFoundError`` / ``ValueError`` for a missing or incompatible checkpoint, including one
+        saved with another number of data-parallel ranks (or another sharding)."""
         self._check_no_stream("load_checkpoint")
-        state = ckpt.load(path, model=self.model, optimizer=self.optimizer, device=self.device)
+        where, saved = ckpt.read_state(path)
+        saved_world = int(saved.get("world_size", 1))
+        if saved_world != self._world:
+            raise ValueError(
+                f"{where}: the checkpoint was saved by {saved_world} trainer rank(s) but this run has "
+                f"trainer.world_size={self._world}; resume with trainer.world_size={saved_world} (a checkpoint holds "
+                f"the whole model, but its optimizer and RNG states belong to the rank layout that saved it)")
+        if self._sharding == "fsdp":
+            from agentrl.trainer.distributed import load_sharded
+
+            if saved.get("sharding") != "fsdp":
+                raise ValueError(f"{where}: saved with trainer.sharding {saved.get('sharding')!r}, this run uses "
+                                 "fsdp: resume with the sharding that saved it")
+            load_sharded(where, self.model, self.optimizer)
+            state = saved
+        else:
+            if saved.get("sharding") == "fsdp":  # its optimizer state is keyed by parameter names, not indices
+                raise ValueError(f"{where}: saved with trainer.sharding 'fsdp', this run uses {self._sharding!r}: "
+                                 "resume with trainer.sharding=fsdp")
+            state = ckpt.load(where, model=self.model, optimizer=self.optimizer, device=self.device)
         self._optimizer_steps = int(state["optimizer_steps"])
         self._version = int(state["version"])
         self._last_lr = None

@@ -232,9 +232,12 @@ def test_max_seq_len_truncates(tiny_model_dir: Path) -> None:
     assert m["batch/truncated_seqs"] == 2 and m["batch/loss_tokens"] == 4  # tokens 5 and 6 of each
 
 
-def test_world_size_above_one_is_not_implemented(tiny_model_dir: Path) -> None:
-    with pytest.raises(NotImplementedError, match="world_size"):
-        Trainer(cfg(world_size=2), tiny_model_dir)
+def test_data_parallel_needs_a_process_group(tiny_model_dir: Path) -> None:
+    # ranks are built by agentrl.trainer.group (tests/trainer/test_data_parallel.py); alone, a Trainer refuses
+    tr = Trainer(cfg(world_size=2), tiny_model_dir)
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialised"):
+        tr.enable_data_parallel()
+    assert tr.sharding == "none" and tr.rank == 0
 
 
 def test_state_dict_for_inference_has_hf_names_and_is_a_copy(tiny_model_dir: Path) -> None:
