@@ -116,9 +116,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/bench-offpolicy")
     ap.add_argument("--steps", type=int, default=60, help="trained steps of each async / losses run")
+    ap.add_argument("--async-steps", type=int, default=None, help="trained steps of each async run (default: --steps)")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--eval-episodes", type=int, default=128)
+    ap.add_argument("--num-groups", type=int, default=8,
+                    help="groups of 8 per step in the async / losses runs (the quickstart's 8; fewer on a loaded machine)")
     ap.add_argument("--warm-episodes", type=int, default=2000)
     ap.add_argument("--warm-steps", type=int, default=150)
     ap.add_argument("--consistency-steps", type=int, default=20)
@@ -132,7 +135,9 @@ def main() -> int:
     t_all = time.perf_counter()
     if args.model is None:
         args.model = str(warm_model(args))
-    common = [f"eval.every={args.eval_every}", f"eval.episodes={args.eval_episodes}"]
+    common = [f"eval.every={args.eval_every}", f"eval.episodes={args.eval_episodes}",
+              f"manager.num_groups={args.num_groups}"]
+    async_steps = args.async_steps or args.steps
     results: dict = {"args": vars(args), "consistency": [], "async": {}, "losses": {}}
 
     if "consistency" in args.experiments:
@@ -141,14 +146,14 @@ def main() -> int:
             "eval.episodes=0"], args.consistency_steps)]
     for seed in range(args.seeds):
         seeded = [f"seed={seed}", f"trainer.seed={seed}", f"engine.seed={seed}", f"env.seed_start={seed * 100_000}"]
-        if "async" in args.experiments:
-            for alpha in (0, 2):
-                results["async"].setdefault(alpha, []).append(
-                    run(args, f"async-a{alpha}-s{seed}", [f"async_ratio={alpha}", *seeded, *common], args.steps))
         if "losses" in args.experiments:
             for loss, extra in LOSSES.items():
                 results["losses"].setdefault(loss, []).append(
                     run(args, f"loss-{loss}-a4-s{seed}", ["async_ratio=4", *extra, *seeded, *common], args.steps))
+        if "async" in args.experiments:
+            for alpha in (0, 2):
+                results["async"].setdefault(alpha, []).append(
+                    run(args, f"async-a{alpha}-s{seed}", [f"async_ratio={alpha}", *seeded, *common], async_steps))
     results["total_wall_s"] = time.perf_counter() - t_all
     results["load_end"] = os.getloadavg()[0]
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -161,11 +166,12 @@ def main() -> int:
         print(f"| {_col(c, 'train/ratio/clip_frac'):.2e} | {_col(c, 'train/is/truncated_frac'):.2e} | "
               f"{_col(c, 'train/mismatch/kl_k3'):.2e} | {_col(c, 'train/staleness/max'):.0f} | "
               f"{c[0]['load'][0]:.1f} → {c[0]['load'][1]:.1f} |")
-    for title, groups in (("Async: α = 0 vs α = 2", results["async"]), ("Losses at α = 4", results["losses"])):
+    for title, groups, steps in (("Async: α = 0 vs α = 2", results["async"], async_steps),
+                                 ("Losses at α = 4", results["losses"], args.steps)):
         if not groups:
             continue
-        print(f"\n### {title}, {args.steps} steps, {args.seeds} seed(s), held-out reward on {args.eval_episodes} "
-              f"boards\n")
+        print(f"\n### {title}, {steps} steps of {args.num_groups} groups × 8, {args.seeds} seed(s), held-out "
+              f"reward on {args.eval_episodes} boards\n")
         print("| run | held-out before | held-out after (mean ± sd) | best held-out | train s/step | wall s | "
               "max staleness | mean IS truncated | mean KL(μ‖π_prox) | load |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
