@@ -17,6 +17,7 @@ plots (``benchmarks/plot_offpolicy.py``) under ``--out``.
     .venv/bin/python benchmarks/bench_offpolicy_learning.py                       # everything (~1.5 h quiet)
     .venv/bin/python benchmarks/bench_offpolicy_learning.py --steps 4 --seeds 1 --eval-every 2 --eval-episodes 16 \\
         --warm-episodes 200 --warm-steps 20 --consistency-steps 3 --out /tmp/offpolicy-smoke     # a smoke run
+    .venv/bin/python benchmarks/bench_offpolicy_learning.py --finished-only ...   # tables of what an interrupted run finished
 """
 
 from __future__ import annotations
@@ -66,9 +67,12 @@ def warm_model(args) -> Path:
     return model
 
 
-def run(args, name: str, overrides: list[str], steps: int) -> dict:
-    """Runs (or reuses) one training run; returns its per-step rows and summary."""
+def run(args, name: str, overrides: list[str], steps: int) -> dict | None:
+    """Runs (or reuses) one training run; returns its per-step rows and summary (None: not run, ``--finished-only``)."""
     run_dir = Path(args.out) / "runs" / name
+    if args.finished_only and not (run_dir / "bench.json").exists():
+        print(f"  {name}: not finished, left out", flush=True)
+        return None
     for attempt in range(1, 4):
         if (run_dir / "summary.json").exists():
             break
@@ -128,6 +132,8 @@ def main() -> int:
     ap.add_argument("--experiments", nargs="*", default=["consistency", "async", "losses"],
                     choices=["consistency", "async", "losses"])
     ap.add_argument("--model", default=None, help="start every run from this model (default: build a warm start)")
+    ap.add_argument("--finished-only", action="store_true",
+                    help="start no run: tabulate and plot the runs under --out that finished (an interrupted benchmark)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -141,19 +147,19 @@ def main() -> int:
     results: dict = {"args": vars(args), "consistency": [], "async": {}, "losses": {}}
 
     if "consistency" in args.experiments:
-        results["consistency"] = [run(args, "consistency", [
+        results["consistency"] = [x for x in [run(args, "consistency", [
             "async_ratio=0", "trainer.optimizer.lr=1e-30", "rollout.temperature=0.7", "trainer.dtype=float32",
-            "eval.episodes=0"], args.consistency_steps)]
+            "eval.episodes=0"], args.consistency_steps)] if x]
     for seed in range(args.seeds):
         seeded = [f"seed={seed}", f"trainer.seed={seed}", f"engine.seed={seed}", f"env.seed_start={seed * 100_000}"]
         if "losses" in args.experiments:
             for loss, extra in LOSSES.items():
-                results["losses"].setdefault(loss, []).append(
-                    run(args, f"loss-{loss}-a4-s{seed}", ["async_ratio=4", *extra, *seeded, *common], args.steps))
+                if r := run(args, f"loss-{loss}-a4-s{seed}", ["async_ratio=4", *extra, *seeded, *common], args.steps):
+                    results["losses"].setdefault(loss, []).append(r)
         if "async" in args.experiments:
             for alpha in (0, 2):
-                results["async"].setdefault(alpha, []).append(
-                    run(args, f"async-a{alpha}-s{seed}", [f"async_ratio={alpha}", *seeded, *common], async_steps))
+                if r := run(args, f"async-a{alpha}-s{seed}", [f"async_ratio={alpha}", *seeded, *common], async_steps):
+                    results["async"].setdefault(alpha, []).append(r)
     results["total_wall_s"] = time.perf_counter() - t_all
     results["load_end"] = os.getloadavg()[0]
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -170,22 +176,25 @@ def main() -> int:
                                  ("Losses at α = 4", results["losses"], args.steps)):
         if not groups:
             continue
-        print(f"\n### {title}, {steps} steps of {args.num_groups} groups × 8, {args.seeds} seed(s), held-out "
+        print(f"\n### {title}, {steps} steps of {args.num_groups} groups × 8, held-out "
               f"reward on {args.eval_episodes} boards\n")
-        print("| run | held-out before | held-out after (mean ± sd) | best held-out | train s/step | wall s | "
-              "max staleness | mean IS truncated | mean KL(μ‖π_prox) | load |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| run | held-out before | held-out after (mean ± sd) | held-out curve (mean) | batch reward, last 10 "
+              "steps | train s/step | wall s | max staleness | mean IS truncated | mean KL(μ‖π_prox) | load |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for key, rs in groups.items():
             before = [x["evals"][0][1] for x in rs if x["evals"]]
             after = [x["evals"][-1][1] for x in rs if x["evals"]]
-            best = [max(v for _, v in x["evals"]) for x in rs if x["evals"]]
             sps = statistics.mean(x["train_s"] / len(x["rows"]) for x in rs)
             wall = statistics.mean(x["wall_s"] for x in rs)
             trunc = statistics.mean(r.get("train/is/truncated_frac", 0.0) for x in rs for r in x["rows"])
             kl = statistics.mean(r.get("train/mismatch/kl_k3", 0.0) for x in rs for r in x["rows"])
             load = f"{min(x['load'][0] for x in rs):.0f}-{max(max(x['load']) for x in rs):.0f}"
-            label = f"α = {key}" if title.startswith("Async") else key
-            print(f"| {label} | {_mean_sd(before)} | {_mean_sd(after)} | {_mean_sd(best)} | {sps:.2f} | {wall:.0f} | "
+            label = (f"α = {key}" if title.startswith("Async") else key) + f" ({len(rs)} seed{'s' if len(rs) > 1 else ''})"
+            points = sorted(set.intersection(*({st for st, _ in x["evals"]} for x in rs)))
+            curve = " ".join(f"{statistics.mean(dict(x['evals'])[p] for x in rs):.2f}" for p in points)
+            batch = statistics.mean(r["reward"] for x in rs for r in x["rows"][-10:])
+            print(f"| {label} | {_mean_sd(before)} | {_mean_sd(after)} | {curve} (steps {' '.join(map(str, points))}) | "
+                  f"{batch:.3f} | {sps:.2f} | {wall:.0f} | "
                   f"{_col(rs, 'train/staleness/max'):.0f} | {trunc:.3f} | {kl:.4f} | {load} |")
     try:
         sys.path.insert(0, str(Path(__file__).parent))
