@@ -17,6 +17,7 @@ plots (``benchmarks/plot_offpolicy.py``) under ``--out``.
     .venv/bin/python benchmarks/bench_offpolicy_learning.py                       # everything (~1.5 h quiet)
     .venv/bin/python benchmarks/bench_offpolicy_learning.py --steps 4 --seeds 1 --eval-every 2 --eval-episodes 16 \\
         --warm-episodes 200 --warm-steps 20 --consistency-steps 3 --out /tmp/offpolicy-smoke     # a smoke run
+    .venv/bin/python benchmarks/bench_offpolicy_learning.py --finished-only ...   # tables of what an interrupted run finished
 """
 
 from __future__ import annotations
@@ -66,9 +67,12 @@ def warm_model(args) -> Path:
     return model
 
 
-def run(args, name: str, overrides: list[str], steps: int) -> dict:
-    """Runs (or reuses) one training run; returns its per-step rows and summary."""
+def run(args, name: str, overrides: list[str], steps: int) -> dict | None:
+    """Runs (or reuses) one training run; returns its per-step rows and summary (None: not run, ``--finished-only``)."""
     run_dir = Path(args.out) / "runs" / name
+    if args.finished_only and not (run_dir / "bench.json").exists():
+        print(f"  {name}: not finished, left out", flush=True)
+        return None
     for attempt in range(1, 4):
         if (run_dir / "summary.json").exists():
             break
@@ -116,15 +120,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/bench-offpolicy")
     ap.add_argument("--steps", type=int, default=60, help="trained steps of each async / losses run")
+    ap.add_argument("--async-steps", type=int, default=None, help="trained steps of each async run (default: --steps)")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--eval-episodes", type=int, default=128)
+    ap.add_argument("--num-groups", type=int, default=8,
+                    help="groups of 8 per step in the async / losses runs (the quickstart's 8; fewer on a loaded machine)")
     ap.add_argument("--warm-episodes", type=int, default=2000)
     ap.add_argument("--warm-steps", type=int, default=150)
     ap.add_argument("--consistency-steps", type=int, default=20)
     ap.add_argument("--experiments", nargs="*", default=["consistency", "async", "losses"],
                     choices=["consistency", "async", "losses"])
     ap.add_argument("--model", default=None, help="start every run from this model (default: build a warm start)")
+    ap.add_argument("--finished-only", action="store_true",
+                    help="start no run: tabulate and plot the runs under --out that finished (an interrupted benchmark)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -132,23 +141,25 @@ def main() -> int:
     t_all = time.perf_counter()
     if args.model is None:
         args.model = str(warm_model(args))
-    common = [f"eval.every={args.eval_every}", f"eval.episodes={args.eval_episodes}"]
+    common = [f"eval.every={args.eval_every}", f"eval.episodes={args.eval_episodes}",
+              f"manager.num_groups={args.num_groups}"]
+    async_steps = args.async_steps or args.steps
     results: dict = {"args": vars(args), "consistency": [], "async": {}, "losses": {}}
 
     if "consistency" in args.experiments:
-        results["consistency"] = [run(args, "consistency", [
+        results["consistency"] = [x for x in [run(args, "consistency", [
             "async_ratio=0", "trainer.optimizer.lr=1e-30", "rollout.temperature=0.7", "trainer.dtype=float32",
-            "eval.episodes=0"], args.consistency_steps)]
+            "eval.episodes=0"], args.consistency_steps)] if x]
     for seed in range(args.seeds):
         seeded = [f"seed={seed}", f"trainer.seed={seed}", f"engine.seed={seed}", f"env.seed_start={seed * 100_000}"]
-        if "async" in args.experiments:
-            for alpha in (0, 2):
-                results["async"].setdefault(alpha, []).append(
-                    run(args, f"async-a{alpha}-s{seed}", [f"async_ratio={alpha}", *seeded, *common], args.steps))
         if "losses" in args.experiments:
             for loss, extra in LOSSES.items():
-                results["losses"].setdefault(loss, []).append(
-                    run(args, f"loss-{loss}-a4-s{seed}", ["async_ratio=4", *extra, *seeded, *common], args.steps))
+                if r := run(args, f"loss-{loss}-a4-s{seed}", ["async_ratio=4", *extra, *seeded, *common], args.steps):
+                    results["losses"].setdefault(loss, []).append(r)
+        if "async" in args.experiments:
+            for alpha in (0, 2):
+                if r := run(args, f"async-a{alpha}-s{seed}", [f"async_ratio={alpha}", *seeded, *common], async_steps):
+                    results["async"].setdefault(alpha, []).append(r)
     results["total_wall_s"] = time.perf_counter() - t_all
     results["load_end"] = os.getloadavg()[0]
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -161,26 +172,33 @@ def main() -> int:
         print(f"| {_col(c, 'train/ratio/clip_frac'):.2e} | {_col(c, 'train/is/truncated_frac'):.2e} | "
               f"{_col(c, 'train/mismatch/kl_k3'):.2e} | {_col(c, 'train/staleness/max'):.0f} | "
               f"{c[0]['load'][0]:.1f} → {c[0]['load'][1]:.1f} |")
-    for title, groups in (("Async: α = 0 vs α = 2", results["async"]), ("Losses at α = 4", results["losses"])):
+    for title, groups, steps in (("Async: α = 0 vs α = 2", results["async"], async_steps),
+                                 ("Losses at α = 4", results["losses"], args.steps)):
         if not groups:
             continue
-        print(f"\n### {title}, {args.steps} steps, {args.seeds} seed(s), held-out reward on {args.eval_episodes} "
-              f"boards\n")
-        print("| run | held-out before | held-out after (mean ± sd) | best held-out | train s/step | wall s | "
-              "max staleness | mean IS truncated | mean KL(μ‖π_prox) | load |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print(f"\n### {title}, {steps} steps of {args.num_groups} groups × 8, held-out "
+              f"reward on {args.eval_episodes} boards\n")
+        print("| run | held-out before | held-out after (mean ± sd) | held-out curve (mean) | batch reward, second half "
+              "(mean ± sd) | train s/step | wall s | max staleness | mean IS truncated | mean KL(μ‖π_prox) | load |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for key, rs in groups.items():
             before = [x["evals"][0][1] for x in rs if x["evals"]]
             after = [x["evals"][-1][1] for x in rs if x["evals"]]
-            best = [max(v for _, v in x["evals"]) for x in rs if x["evals"]]
             sps = statistics.mean(x["train_s"] / len(x["rows"]) for x in rs)
             wall = statistics.mean(x["wall_s"] for x in rs)
-            trunc = statistics.mean(r.get("train/is/truncated_frac", 0.0) for x in rs for r in x["rows"])
+            tr = [r["train/is/truncated_frac"] for x in rs for r in x["rows"] if "train/is/truncated_frac" in r]
+            trunc = f"{statistics.mean(tr):.4f}" if tr else "— (no IS weight)"
             kl = statistics.mean(r.get("train/mismatch/kl_k3", 0.0) for x in rs for r in x["rows"])
             load = f"{min(x['load'][0] for x in rs):.0f}-{max(max(x['load']) for x in rs):.0f}"
-            label = f"α = {key}" if title.startswith("Async") else key
-            print(f"| {label} | {_mean_sd(before)} | {_mean_sd(after)} | {_mean_sd(best)} | {sps:.2f} | {wall:.0f} | "
-                  f"{_col(rs, 'train/staleness/max'):.0f} | {trunc:.3f} | {kl:.4f} | {load} |")
+            label = (f"α = {key}" if title.startswith("Async") else key) + f" ({len(rs)} seed{'s' if len(rs) > 1 else ''})"
+            points = sorted(set.intersection(*({st for st, _ in x["evals"]} for x in rs)))
+            curve = " ".join(f"{statistics.mean(dict(x['evals'])[p] for x in rs):.2f}" for p in points)
+            # the second half's batch reward: every run of a seed trains on the same sequence of boards (task i has seed
+            # seed_start + i), so within a seed the rows compare nearly pairwise
+            batch = _mean_sd([statistics.mean(r["reward"] for r in x["rows"][len(x["rows"]) // 2:]) for x in rs])
+            print(f"| {label} | {_mean_sd(before)} | {_mean_sd(after)} | {curve} (steps {' '.join(map(str, points))}) | "
+                  f"{batch} | {sps:.2f} | {wall:.0f} | "
+                  f"{_col(rs, 'train/staleness/max'):.0f} | {trunc} | {kl:.4f} | {load} |")
     try:
         sys.path.insert(0, str(Path(__file__).parent))
         from plot_offpolicy import plot

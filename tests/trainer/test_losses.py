@@ -139,6 +139,26 @@ def test_tis_value_and_grad() -> None:
     assert m["is/truncated_frac"] == pytest.approx(0.25)
 
 
+def test_decoupled_ppo_equals_tis_at_a_batch_first_optimizer_step() -> None:
+    """With one optimizer step per batch (``ppo_epochs: 1``, ``num_mini_batches: 1``, the quickstart's) the
+    proximal policy is the policy being differentiated (r = 1), so the clip around it cannot bind and decoupled PPO's
+    gradient is TIS's; only later mini-batches (r != 1) tell them apart. benchmarks/RESULTS-offpolicy.md relies on
+    this to read its decoupled PPO and TIS rows."""
+    prox, behav = _prox_behav()
+    grads = {}
+    for name, fn in (("decoupled", decoupled_ppo_loss), ("tis", tis_loss)):
+        logp = prox.clone().requires_grad_(True)  # r = 1: the first step on a batch
+        fn(logp, prox, behav, ADV, MASK, is_cap=2.0)[0].backward()
+        grads[name] = logp.grad
+    assert torch.equal(grads["decoupled"], grads["tis"]) and grads["tis"].abs().sum() > 0
+    grads = {}
+    for name, fn in (("decoupled", decoupled_ppo_loss), ("tis", tis_loss)):
+        logp, _ = _ratio_example()  # r = 1.5 / 0.5: a later mini-batch, where the clip binds
+        fn(logp, prox, behav, ADV, MASK, is_cap=2.0)[0].backward()
+        grads[name] = logp.grad
+    assert not torch.allclose(grads["decoupled"], grads["tis"])
+
+
 def test_cispo_value_and_grad() -> None:
     logp = _logp([[-1.0, -2.0, 3.0], [-0.5, -3.0, 3.0]])
     # behav chosen so that pi_theta/mu = [1.5, 0.5] and [1.0, 1.1]
