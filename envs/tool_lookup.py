@@ -28,7 +28,7 @@ from typing import Any
 
 from agentrl.core import Env, Message, StepResult
 from agentrl.envs.calc import CalcError, format_number, parse_number, safe_eval
-from agentrl.envs.tool_use import CITIES, NAMES
+from agentrl.envs.tool_use import CITIES, NAMES, run_tool_calls
 from agentrl.envs.utils import extract_answer, preview
 from agentrl.tools import Tool, ToolSet, format_tool_call, parse_tool_calls
 
@@ -161,16 +161,7 @@ class ToolLookupEnv(Env):
             msg = (f"No tool call or answer in {preview(text)!r}. Call a tool with <tool_call>{{...}}</tool_call> "
                    "or answer with <answer>...</answer>.")
             return [{"role": "user", "content": msg}], self.invalid_reward, False, False, self._info(False, True, 0)
-        out: list[Message] = []
-        invalid = bool(parsed.errors)
-        for k, call in enumerate(parsed.calls):
-            if k >= self.max_calls_per_turn:
-                ok, result = False, f"error: at most {self.max_calls_per_turn} tool calls per turn; this one was not run"
-            else:
-                ok, result = self.toolset.call(call)
-            invalid |= not ok
-            out.append({"role": "tool", "name": call.name, "content": result})
-        out.extend({"role": "tool", "content": f"error: {e}"} for e in parsed.errors)
+        out, invalid = run_tool_calls(self.toolset, parsed, self.max_calls_per_turn)
         self.parse_errors += len(parsed.errors)
         reward = self.invalid_reward if invalid else 0.0
         return out, reward, False, False, self._info(False, invalid, len(parsed.calls))

@@ -33,6 +33,23 @@ QUESTIONS = {
 _LOOKUP_RESULT_RE = re.compile(r"^(\w+): age (\d+), city (\w+)$")
 
 
+def run_tool_calls(toolset: ToolSet, parsed: Any, max_calls: int) -> tuple[list[Message], bool]:
+    """Runs the parsed calls of one turn (at most ``max_calls``; the others are answered with an error) and returns
+    ``(tool messages, invalid)``: one message per call, then one per parse error; ``invalid`` when any call failed
+    or did not parse."""
+    out: list[Message] = []
+    invalid = bool(parsed.errors)
+    for k, call in enumerate(parsed.calls):
+        if k >= max_calls:
+            ok, result = False, f"error: at most {max_calls} tool calls per turn; this one was not run"
+        else:
+            ok, result = toolset.call(call)
+        invalid |= not ok
+        out.append({"role": "tool", "name": call.name, "content": result})
+    out.extend({"role": "tool", "content": f"error: {e}"} for e in parsed.errors)
+    return out, invalid
+
+
 class ToolUseEnv(Env):
     """Answer a question about a generated table of people (name -> age, city) that only tools can read.
 
@@ -140,16 +157,7 @@ class ToolUseEnv(Env):
             msg = (f"No tool call or answer in {preview(text)!r}. Call a tool with <tool_call>{{...}}</tool_call> "
                    "or answer like <answer>42</answer>.")
             return [{"role": "user", "content": msg}], self.invalid_reward, False, False, self._info(False, True, 0)
-        out: list[Message] = []
-        invalid = bool(parsed.errors)
-        for k, call in enumerate(parsed.calls):
-            if k >= self.max_calls_per_turn:
-                ok, result = False, f"error: at most {self.max_calls_per_turn} tool calls per turn; this one was not run"
-            else:
-                ok, result = self.toolset.call(call)
-            invalid |= not ok
-            out.append({"role": "tool", "name": call.name, "content": result})
-        out.extend({"role": "tool", "content": f"error: {e}"} for e in parsed.errors)
+        out, invalid = run_tool_calls(self.toolset, parsed, self.max_calls_per_turn)
         return out, 0.0, False, False, self._info(False, invalid, len(parsed.calls))
 
     # -- tools -----------------------------------------------------------------------------------------------
