@@ -22,7 +22,7 @@ from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 from agentrl.pipeline import RunFiles
 from agentrl.runlog import TrajectoryLog
 
-ENVS = {  # ToolUse first: the trainer records the first trajectories of each batch
+ENVS = {  # the trainer samples the trajectories it records: the fixture records all 12 of a step
     "agentrl/ToolUse-v0": ({}, ['<tool_call>{"name": "lookup", "arguments": {"name": "Zed"}}</tool_call>',
                                '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>',
                                "<answer>7</answer>"]),
@@ -46,7 +46,7 @@ async def episodes(tokenizer, env_id: str, groups: int, group_size: int, seed0: 
         return await mgr.collect_groups(iter(specs))
 
 
-def build_run_dir(root: Path, steps: int = 2, record: int = 6) -> Path:
+def build_run_dir(root: Path, steps: int = 2, record: int = 12) -> Path:
     """Writes ``steps`` training steps into ``root`` and returns it."""
     from transformers import AutoTokenizer
 
@@ -95,7 +95,7 @@ def copy_run(src: Path, dst: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run directory of 2 steps x 24 trajectories (FrozenLake and ToolUse, groups of 3), 6 recorded per step."""
+    """A run directory of 2 steps x 12 trajectories (FrozenLake and ToolUse, 2 groups of 3 each), all recorded."""
     return build_run_dir(tmp_path_factory.mktemp("viewer") / "run")
 
 

@@ -57,7 +57,7 @@ def test_list_curves_trajectory_hover_and_diff(run_dir, view, tmp_path):
     recorded = next(r for r in rows if r["env"] == "agentrl/ToolUse-v0" and r["turns"] and r["turns"] >= 2)
     group = get_json(srv.url + f"api/group?row={recorded['row']}")["rows"]
     v = get_json(srv.url + f"api/trajectory?row={recorded['row']}")
-    assert v["tokens"]["tlp"] is not None, "the fixture records ToolUse trajectories first"
+    assert v["tokens"]["tlp"] is not None, "the fixture records every trajectory"
 
     async def go():
         async with Chromium(width=1400, height=1000) as page:

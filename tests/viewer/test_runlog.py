@@ -122,7 +122,7 @@ def test_trainer_records_its_logprobs_before_the_update(run_dir):
 def test_the_run_directory_fixture_joins_records_to_trajectories(run_dir):
     trajs = {r["trajectory"]["id"]: r for r in lines(run_dir / TRAJECTORIES)}
     recs = lines(run_dir / TRAINER_LOGPROBS)
-    assert len(trajs) == 24 and len(recs) == 12
+    assert len(trajs) == 24 and len(recs) == 24
     for r in recs:
         t = trajs[r["trajectory_id"]]
         assert r["step"] == t["step"] and r["version"] == t["step"] - 1
