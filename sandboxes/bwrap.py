@@ -191,12 +191,26 @@ class BwrapSandbox(Sandbox):
         auto_sweep(self.backend)
         return self
 
+    def _make_state_dir(self, attempts: int = 5) -> None:
+        """Creates the sandbox's state dir under the run's dir. The run's dir is removed whenever it is empty (by
+        the release of the run's last sandbox, or by a sweep, in other threads or processes), so it can vanish
+        between its creation and the creation of the state dir: then both are made again."""
+        for attempt in range(attempts):
+            try:
+                self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+                self.state_dir.mkdir(exist_ok=False)
+                return
+            except FileNotFoundError:
+                if attempt == attempts - 1:
+                    raise
+
     def _create(self) -> None:
         spec = self.spec
         self._root_args = self._root_binds()
         try:
+            self._make_state_dir()
             for sub in ("work", "tmp"):
-                (self.state_dir / sub).mkdir(parents=True, exist_ok=False)
+                (self.state_dir / sub).mkdir(exist_ok=False)
             now = time.time()
             (self.state_dir / "meta").write_text(
                 f"run={self.run_id}\nsandbox={self.id}\nexpires={int(now + spec.ttl_s)}\ndriver={driver_tag()}\n"

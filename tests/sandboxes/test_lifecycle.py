@@ -144,3 +144,30 @@ async def test_sweep_without_run_removes_only_orphans(monkeypatch):
     finally:
         proc.kill()
         sweep(run)
+
+
+async def test_bwrap_create_survives_the_run_dir_vanishing_under_it(monkeypatch):
+    """The run's state dir is removed whenever it is empty (the release of its last sandbox, or a sweep, in another
+    thread or process): a sandbox being created at that moment makes it again instead of failing with ENOENT (seen
+    in CI: a warm-reuse test's create failed while an automatic sweep ran)."""
+    require_backend("bwrap", BUSYBOX)
+    import os
+
+    from agentrl.sandboxes import lifecycle
+
+    monkeypatch.setattr(lifecycle, "_RUN_ID", f"test-vanish-{secrets.token_hex(3)}")
+    run_dir = state_root() / lifecycle._RUN_ID
+    real_mkdir, vanished = os.mkdir, []
+
+    def mkdir(path, *a, **k):
+        p = Path(path)
+        if p.parent == run_dir and not vanished and run_dir.is_dir() and not any(run_dir.iterdir()):
+            vanished.append(p)
+            os.rmdir(run_dir)  # what the other thread's sweep does, between the two mkdirs
+        return real_mkdir(path, *a, **k)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    async with create_sandbox(SandboxSpec(backend="bwrap", image=BUSYBOX, ttl_s=60)) as sb:
+        monkeypatch.setattr(os, "mkdir", real_mkdir)
+        assert vanished and (await sb.exec("echo ok")).output.strip() == "ok"
+    assert not run_dir.exists()
