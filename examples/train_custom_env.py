@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 import agentrl
-from agentrl.config import from_dict
+from agentrl.config import apply_overrides, from_dict
 from agentrl.pipeline import TrainConfig, train
 
 SIZE = 5
@@ -65,9 +65,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--run-dir", default="runs/linewalk")
+    ap.add_argument("overrides", nargs="*", help="key.sub=value, as for `agentrl train` (e.g. eval.episodes=16)")
     args = ap.parse_args()
     agentrl.register("example/LineWalk-v0", entry_point=LineWalkEnv, max_episode_steps=6)
-    cfg = from_dict(TrainConfig, {
+    cfg = from_dict(TrainConfig, apply_overrides({
         "env": {"id": "example/LineWalk-v0"},
         "run_dir": args.run_dir,
         "steps": args.steps,
@@ -80,7 +81,7 @@ def main() -> int:
         "warm_start": {"episodes": 500, "noise": 0.5, "steps": 60, "batch_size": 32, "lr": 3e-3,
                        "noise_actions": ["<answer>left</answer>", "<answer>right</answer>"]},
         "eval": {"episodes": 128},
-    }, source="examples/train_custom_env.py")
+    }, args.overrides), source="examples/train_custom_env.py")
     summary = asyncio.run(train(cfg))
     print(json.dumps(summary, indent=2))
     return 0

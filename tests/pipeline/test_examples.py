@@ -13,15 +13,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_train_custom_env_example(tmp_path):
     run_dir = tmp_path / "linewalk"
-    p = subprocess.run([sys.executable, "examples/train_custom_env.py", "--steps", "2", "--run-dir", str(run_dir)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    # A smaller warm start and evaluation than the example's own (CI time); the same code path.
+    small = ["warm_start.episodes=96", "warm_start.steps=8", "eval.episodes=16", "manager.num_groups=4"]
+    p = subprocess.run([sys.executable, "examples/train_custom_env.py", "--steps", "2", "--run-dir", str(run_dir),
+                        *small], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["eval_before"]["episodes"] == 128 and 0.0 <= summary["eval_after"]["reward"] <= 1.0
+    assert summary["eval_before"]["episodes"] == 16 and 0.0 <= summary["eval_after"]["reward"] <= 1.0
     # The warm start imitated the custom env's scripted expert (its demonstrations were scored by the custom reward).
-    assert json.loads((run_dir / "warmstart" / "warmstart.json").read_text())["demonstrations"] == 500
+    assert json.loads((run_dir / "warmstart" / "warmstart.json").read_text())["demonstrations"] == 96
 
 
 @pytest.mark.timeout(1500)  # engine + Ray trainer start and 2 steps: 8 min at load 20-30
@@ -29,7 +32,8 @@ def test_train_openai_agent_example(tmp_path):
     """examples/train_openai_agent.py: a user's own openai-client agent loop trained through the gateway."""
     run_dir = tmp_path / "openai-agent"
     p = subprocess.run([sys.executable, "examples/train_openai_agent.py", "--steps", "2", "--run-dir", str(run_dir)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=1400, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                       cwd=ROOT, capture_output=True, text=True, timeout=1400,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -15,7 +15,6 @@ from agentrl.pipeline import RunFiles, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
-TOOLUSE = ROOT / "configs" / "tooluse.yaml"
 # Small and fast: 2 groups of 2 per step, no warm start, short evals.
 SMALL = ["steps=3", "manager.num_groups=2", "manager.group_size=2", "warm_start.episodes=0", "eval.episodes=4",
          "rollout.max_turns=3", "manager.max_turns=3", "checkpoint_every=1", "progress=false", "tensorboard=true",
@@ -163,23 +162,3 @@ def test_sigkill_then_resume_repeats_and_skips_no_step(tmp_path):
     assert not set(trained) & set(final["open_tasks"])
     assert set(trained) | set(final["open_tasks"]) == set(range(final["next_task"]))
     assert set(in_flight) <= set(trained) | set(final["open_tasks"])
-
-
-def test_tooluse_demo_config_runs_end_to_end_with_tool_metrics(tmp_path):
-    """configs/tooluse.yaml, shrunk to one step: the tiny-tool model, a warm start on the env's scripted mistakes,
-    and the tool-call metrics in every step's row and both evaluations. (Its learning run is
-    benchmarks/bench_tooluse_demo.py.)"""
-    run_dir = tmp_path / "tooluse"
-    p = run_cli([str(TOOLUSE), "steps=1", "manager.num_groups=1", "manager.group_size=2", "warm_start.episodes=4",
-                 "warm_start.steps=1", "warm_start.batch_size=4", "eval.episodes=2", "checkpoint_every=1",
-                 "progress=false", "tensorboard=false", f"run_dir={run_dir}"])
-    out, _ = p.communicate(timeout=600)
-    assert p.returncode == 0, out[-4000:]
-    (row,) = rows(run_dir)
-    assert row["tool/parse_errors_per_episode"] >= 0 and row["tool/invalid_actions_per_episode"] >= 0
-    summary = json.loads((run_dir / "summary.json").read_text())
-    for key in ("eval_before", "eval_after"):
-        assert {"success", "parse_errors_per_episode", "invalid_actions_per_episode"} <= set(summary[key])
-    assert summary["warm_start_s"] > 0 and 0 < summary["rl_wall_s"] < summary["wall_s"]
-    ws = json.loads((run_dir / "warmstart" / "warmstart.json").read_text())
-    assert ws["demonstrations"] == 4
