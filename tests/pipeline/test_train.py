@@ -71,7 +71,8 @@ def run_cli(args: list[str], **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
 
-@pytest.mark.parametrize("alpha", [0, 1])
+# α = 0 here; α = 1 with the real engine runs in the SIGKILL/resume test below and in the custom-env example's test.
+@pytest.mark.parametrize("alpha", [0])
 def test_training_runs_with_bounded_staleness(tmp_path, alpha):
     run_dir = tmp_path / f"run{alpha}"
     # fp32 (the tiny model's dtype), sampling at temperature 0.7: the trainer derives its temperature from it
