@@ -27,8 +27,7 @@ import re
 from typing import Any
 
 from agentrl.core import Env, Message, StepResult
-from agentrl.envs.calc import CalcError, format_number, parse_number, safe_eval
-from agentrl.envs.tool_use import CITIES, NAMES, run_tool_calls
+from agentrl.envs.tool_use import CITIES, NAMES, ToolUseEnv, run_tool_calls
 from agentrl.envs.utils import extract_answer, preview
 from agentrl.tools import Tool, ToolSet, format_tool_call, parse_tool_calls
 
@@ -166,27 +165,10 @@ class ToolLookupEnv(Env):
         reward = self.invalid_reward if invalid else 0.0
         return out, reward, False, False, self._info(False, invalid, len(parsed.calls))
 
-    # -- tools -----------------------------------------------------------------------------------------------
-    def _lookup(self, name: str) -> str:
-        key = name.strip().lower()
-        if key not in self.table:
-            raise ValueError(f"no person named {preview(name, 24)!r}")
-        age, city = self.table[key]
-        return f"{key.capitalize()}: age {age}, city {city}"
-
-    @staticmethod
-    def _calculator(expression: str) -> str:
-        try:
-            return format_number(safe_eval(expression))
-        except CalcError as e:
-            raise ValueError(str(e)) from None
-
-    # -- helpers ---------------------------------------------------------------------------------------------
-    def _is_correct(self, answer: str) -> bool:
-        want = parse_number(self.answer)
-        if want is not None:
-            return parse_number(answer) == want
-        return answer.strip(" .!\"'").lower() == self.answer.lower()
+    # -- tools and grading: the same table lookups, calculator and answer check as ToolUse ----------------------
+    _lookup = ToolUseEnv._lookup
+    _calculator = ToolUseEnv.__dict__["_calculator"]  # the staticmethod itself
+    _is_correct = ToolUseEnv._is_correct
 
     def _info(self, correct: bool, invalid: bool, calls: int) -> dict[str, Any]:
         self.invalid_actions += invalid
