@@ -27,7 +27,7 @@ import pytest
 from agentrl.sandboxes import FileTooLarge, SandboxError, SandboxPool, SandboxSpec, create_sandbox, sweep
 from agentrl.sandboxes.base import state_root
 
-from .conftest import BASE, BUSYBOX, LIST_PROCS, require_backend
+from .conftest import BASE, BUSYBOX, LIST_PROCS, require_backend, unavailable
 
 DRIVER = Path(__file__).with_name("sandbox_driver.py")
 
@@ -168,7 +168,7 @@ async def test_warm_reuse_forgets_shm_ipc_and_processes(base_spec):
 async def test_bwrap_workdir_and_tmp_have_disk_limits():
     require_backend("bwrap", BUSYBOX)
     if os.geteuid() != 0:
-        pytest.skip("sized tmpfs mounts need root")
+        unavailable("sized tmpfs mounts need root")
     spec = SandboxSpec(backend="bwrap", image=BUSYBOX, ttl_s=120, workdir_size_mb=8, tmp_size_mb=4, memory_mb=128)
     async with create_sandbox(spec) as sb:
         for path, mb in (("/workspace/big", 8), ("/tmp/big", 4)):
@@ -354,7 +354,7 @@ async def test_docker_exec_groups_in_the_v1_freezer(monkeypatch):
     are contained."""
     require_backend("docker", BUSYBOX)
     if os.geteuid() != 0:
-        pytest.skip("exec groups need root")
+        unavailable("exec groups need root")
     from agentrl.sandboxes import cgroups
 
     real = cgroups._mounts

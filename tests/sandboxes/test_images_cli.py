@@ -14,7 +14,7 @@ import pytest
 from agentrl.sandboxes import SandboxSpec, build_image, create_sandbox
 from agentrl.sandboxes.build import RECIPES, docker_image_exists, rootfs_path
 
-from .conftest import BASE, BUSYBOX, TEST_RUN, require_backend
+from .conftest import BASE, BUSYBOX, TEST_RUN, require_backend, unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 AGENTRL = str(REPO / ".venv/bin/agentrl")
@@ -25,7 +25,7 @@ async def test_build_busybox_image_from_scratch(tmp_path, monkeypatch):
     require_backend("docker")
     require_backend("bwrap")
     if os.geteuid() != 0:
-        pytest.skip("image builds need root")
+        unavailable("image builds need root")
     # bwrap runs as an unprivileged uid, so the cache must be traversable (pytest's tmp_path is mode 700)
     cache = tempfile.mkdtemp(prefix="agentrl-cache-test-", dir="/var/tmp")
     os.chmod(cache, 0o755)

@@ -17,6 +17,8 @@ import pytest
 from agentrl.sandboxes import SandboxError, SandboxSpec, create_sandbox
 from agentrl.sandboxes.base import state_root
 
+from .conftest import unavailable
+
 
 def _host_ips() -> list[str]:
     """Addresses of this host a sandbox could try besides loopback (docker0's gateway, the primary IP)."""
@@ -219,7 +221,7 @@ def test_bwrap_uses_cgroup_limits_here():
 
     require_backend("bwrap")
     if os.geteuid() != 0:
-        pytest.skip("cgroup limits need root")
+        unavailable("cgroup limits need root")
     assert cgroup_mode() in ("v1", "v2")
     assert state_root().is_absolute()
 

@@ -100,7 +100,9 @@ _LIGER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not LP.liger_available(), reason="liger-kernel is not installed (pip install '.[cpu]')")
+# Skipped only off CI: the cpu extra installs liger-kernel, so there a missing one fails the test.
+@pytest.mark.skipif(not LP.liger_available() and os.environ.get("CI", "").lower() not in ("1", "true", "yes"),
+                    reason="liger-kernel is not installed (pip install '.[cpu]')")
 def test_liger_path_matches_reference_under_triton_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     out = subprocess.run([sys.executable, "-c", _LIGER], env=env, capture_output=True, text=True, timeout=600)
