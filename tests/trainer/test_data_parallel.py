@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,10 @@ def test_dead_rank_fails_the_step_naming_it(dp_group) -> None:  # the last user 
 def test_world_size_beyond_ray_is_refused_before_any_model_loads(ray_local) -> None:
     from agentrl.pipeline import check_resources, load_config
 
+    # The dead-rank test before this one removed its placement group; Ray reports the freed CPUs a moment later.
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
     cfg = load_config(ROOT / "configs/quickstart.yaml", ["trainer.world_size=5", "trainer_num_cpus=1"])
     with pytest.raises(ResourceError, match=r"trainer.world_size=5 x trainer_num_cpus=1 asks 5 x \{CPU 1\}.*CPU 4 "
                                             r"free"):
