@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -84,6 +85,17 @@ class InstantEngine:
         pass
 
 
+GC = {"s": 0.0, "full": 0, "t0": 0.0}  # the cyclic garbage collector's time in this process, and its full passes
+
+
+def _gc_timer(phase: str, info: dict) -> None:
+    if phase == "start":
+        GC["t0"] = time.perf_counter()
+    else:
+        GC["s"] += time.perf_counter() - GC["t0"]
+        GC["full"] += info["generation"] == 2
+
+
 LAG: list[tuple[float, float]] = []  # (when, how late) of a 10 ms sleep in this event loop
 LATENCY: list[float] = []  # each gateway request's round trip, as the harness sees it
 
@@ -119,7 +131,7 @@ async def run_native(engine, tok, args, tag: str) -> dict:
     policy = AgentLoopPolicy(engine, tok, cfg)
     specs = [EpisodeSpec(f"{__name__}:FixedTurnsEnv", env_kwargs={"turns": args.turns}, seed=i)
              for i in range(args.episodes)]
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, g0 = time.perf_counter(), time.process_time(), dict(GC)
     async with EnvManager(ManagerConfig(max_concurrency=args.episodes, max_turns=args.turns + 1), policy) as mgr:
         trajs = await mgr.run_episodes(specs)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -127,7 +139,12 @@ async def run_native(engine, tok, args, tag: str) -> dict:
     if bad:
         raise RuntimeError(f"native episodes failed: {bad[:2]}")
     n = sum(t.num_generated for t in trajs)
-    return {"tokens": n, "wall_s": dt, "tok_per_s": n / dt, "cpu_ms_per_turn": 1e3 * cpu / (args.episodes * args.turns)}
+    return {"tokens": n, "wall_s": dt, "tok_per_s": n / dt, "cpu_ms_per_turn": 1e3 * cpu / (args.episodes * args.turns),
+            **gc_since(g0)}
+
+
+def gc_since(g0: dict) -> dict[str, float]:
+    return {"gc_s": GC["s"] - g0["s"], "gc_full": GC["full"] - g0["full"]}
 
 
 def make_harness(args):
@@ -180,7 +197,7 @@ async def run_gateway(engine, tok, args, tag: str) -> dict:
     await policy.start()
     LATENCY.clear()
     try:
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, g0 = time.perf_counter(), time.process_time(), dict(GC)
         async with EnvManager(ManagerConfig(max_concurrency=args.episodes, max_turns=args.turns + 2), policy) as mgr:
             trajs = await mgr.run_episodes(specs)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -192,7 +209,7 @@ async def run_gateway(engine, tok, args, tag: str) -> dict:
     n = sum(t.num_generated for t in trajs)
     m = policy.metrics()
     return {"tokens": n, "wall_s": dt, "tok_per_s": n / dt, "cpu_ms_per_turn": 1e3 * cpu / (args.episodes * args.turns),
-            **stalls(t0, t0 + dt), "drift_rate": m["gateway/drift_rate"],
+            **stalls(t0, t0 + dt), **gc_since(g0), "drift_rate": m["gateway/drift_rate"],
             "segments_per_session": m["gateway/segments_per_session"]}
 
 
@@ -210,6 +227,7 @@ async def main_async(args) -> dict:
     else:
         engine = await asyncio.to_thread(make_engine, cfg)
     load_before = loadavg()
+    gc.callbacks.append(_gc_timer)
     sentinel = asyncio.ensure_future(lag_sentinel())
     try:
         warm = argparse.Namespace(**{**vars(args), "episodes": min(args.episodes, 8), "turns": 2})
@@ -251,6 +269,9 @@ def table(out: dict) -> str:
             f"{x['request_max_s']:.2f} / {x['loop_lag_max_s']:.2f}" for x in g) + " (a slow request with as much lag is "
             "the machine's load, not the gateway)")
         rows.append("")
+    rows.append("garbage collector, seconds (full passes) per run: " + "; ".join(
+        f"{k} " + ", ".join(f"{x['gc_s']:.2f} ({x['gc_full']})" for x in out["runs"][k]) for k in ("native", "gateway")))
+    rows.append("")
     rows.append(f"gateway / native: **{out['ratio_gateway_over_native']:.3f}x** (median tok/s), "
                 f"{out['ratio_total_tokens_over_total_time']:.3f}x (total tokens / total time); "
                 f"{out['episodes']} episodes x {out['turns']} turns x {out['tokens_per_turn']} tokens, engine "

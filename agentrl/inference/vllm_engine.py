@@ -92,6 +92,12 @@ class VLLMEngine(InferenceEngine):
             self._stop_loop()
             raise
         self.start_time_s = time.perf_counter() - t0
+        # vLLM's own API server freezes its startup heap once the engine is up; in-process, this driver is that
+        # server. Without it every full collection walks the model-loading heap (~0.5 s on the CPU host, the event
+        # loop stalled), and the agent loop and gateway trigger one every few seconds.
+        from vllm.utils.gc_utils import freeze_gc_heap
+
+        freeze_gc_heap()
 
     @classmethod
     async def create(cls, cfg: EngineConfig | None = None, **overrides: Any) -> "VLLMEngine":
