@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 from typing import Any
 
 # Registers agentrl's gloo weight-transfer backend with vLLM's factory in this (worker) process, before vLLM
@@ -48,11 +49,13 @@ class WeightSyncExtension:
         return len(tensors)
 
     def _agentrl_reload(self, tensors: dict[str, Any]) -> None:
+        quiet_expected_reload_warnings(_ties_embeddings(self))
         self.model_runner.reload_weights(weights_iterator=list(tensors.items()), is_checkpoint_format=True)
         self._agentrl_retie_lm_head()
 
     def agentrl_retie_lm_head(self) -> None:
         """Public for ``collective_rpc``: after a weight-transfer engine's update (vLLM's layer-wise reload)."""
+        quiet_expected_reload_warnings(_ties_embeddings(self))
         self._agentrl_retie_lm_head()
 
     def _agentrl_retie_lm_head(self) -> None:
@@ -60,9 +63,7 @@ class WeightSyncExtension:
         ``reload_weights`` a tied ``lm_head`` keeps computing logits from the old embedding (its packed GEMM
         handle, and possibly the parameter object, predate the reload), so log-probs stay wrong."""
         model: Any = self.model_runner.get_model()
-        hf_config = self.model_runner.model_config.hf_config
-        text_config = getattr(hf_config, "get_text_config", lambda: hf_config)()
-        if not getattr(text_config, "tie_word_embeddings", False):
+        if not _ties_embeddings(self):
             return
         lm_head = getattr(model, "lm_head", None)
         embed = None
@@ -86,3 +87,43 @@ class WeightSyncExtension:
             h.update(name.encode())
             h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()
+
+
+def _ties_embeddings(worker: Any) -> bool:
+    hf_config = worker.model_runner.model_config.hf_config
+    text_config = getattr(hf_config, "get_text_config", lambda: hf_config)()
+    return bool(getattr(text_config, "tie_word_embeddings", False))
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's layer-wise reload warning "<Layer>: Failed to load weights" for the layers a complete HF state
+    dict never holds: the rotary embedding (its cos/sin cache is derived, not stored) and, when the model ties its
+    embeddings, the LM head (it has no tensor of its own; :meth:`WeightSyncExtension._agentrl_retie_lm_head` re-ties
+    it after every reload). vLLM keeps those layers' previous tensors, which is right for both; the warning, twice
+    per training step, only alarms users. Any other layer's warning (a real missing tensor) still shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = {"RotaryEmbedding"}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args
+                    and record.args[0] in self.layers)  # type: ignore[index]
+
+
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+_filter = _ExpectedReloadWarnings()
+
+
+def quiet_expected_reload_warnings(tied_lm_head: bool) -> logging.Filter:
+    """Installs (once per process) the filter of :class:`_ExpectedReloadWarnings` on vLLM's reload logger; returns
+    it. ``tied_lm_head``: the served model ties its LM head to the input embedding."""
+    if tied_lm_head:
+        _filter.layers.add("ParallelLMHead")
+    logger = logging.getLogger(_RELOAD_LOGGER)
+    if _filter not in logger.filters:
+        logger.addFilter(_filter)
+    return _filter
+
+
+quiet_expected_reload_warnings(tied_lm_head=False)  # the rotary embedding's, from the first reload on

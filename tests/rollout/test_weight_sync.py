@@ -126,3 +126,19 @@ async def test_bad_state_dict_is_rejected_before_pausing(engine, original, tok):
     assert engine.version == v
     gen = await engine.generate([1, 286, 201], SamplingParams(max_tokens=3, ignore_eos=True), request_id="ws-bad")
     assert gen.versions == [v] * 3
+
+
+def test_reload_warnings_of_layers_a_state_dict_never_holds_are_dropped_others_kept(caplog):
+    """vLLM warns "<Layer>: Failed to load weights" on every reload for the rotary embedding and a tied LM head
+    (twice per training step); those are expected and dropped, a real layer's warning still shows."""
+    import logging
+
+    from agentrl.inference.vllm_worker import _RELOAD_LOGGER, quiet_expected_reload_warnings
+
+    quiet_expected_reload_warnings(tied_lm_head=True)
+    log = logging.getLogger(_RELOAD_LOGGER)
+    with caplog.at_level(logging.WARNING, logger=_RELOAD_LOGGER):
+        for layer in ("RotaryEmbedding", "ParallelLMHead", "QKVParallelLinear"):
+            log.warning("%s: Failed to load weights", layer)
+    assert [r.getMessage() for r in caplog.records if r.name == _RELOAD_LOGGER] == [
+        "QKVParallelLinear: Failed to load weights"]
