@@ -26,7 +26,7 @@ import itertools
 import os
 import threading
 import time
-from typing import Any, Awaitable, Coroutine, TypeVar
+from typing import Any, Coroutine, TypeVar
 
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import WORKER_EXTENSION, EngineConfig
