@@ -51,15 +51,26 @@ def noisy(solver: Callable[[list[Message]], str], actions: list[str] | MistakeFn
           seed: int = 0) -> ActionFn:
     """Returns an action function that plays ``solver`` but, with probability ``noise`` per turn, a mistake instead:
     a uniformly random choice from ``actions`` when it is a list, else ``actions(conversation, rng)`` (an env's
-    state-dependent scripted mistakes). Deterministic given ``seed`` and the trajectory id and turn."""
+    state-dependent scripted mistakes). Deterministic given ``seed``, the episode (:func:`_stable_key`) and the turn."""
     if not callable(actions) and not actions and noise > 0:
         raise ValueError("noisy: noise > 0 needs actions (a non-empty list or a mistake function)")
 
     def act(conversation: list[Message], meta: EpisodeMeta) -> str:
         turn = sum(1 for m in conversation if m["role"] == "assistant")
-        rng = random.Random(f"{seed}/{meta.trajectory_id}/{turn}")
+        rng = random.Random(f"{seed}/{_stable_key(meta)}/{turn}")
         if rng.random() < noise:
             return actions(conversation, rng) if callable(actions) else rng.choice(actions)
         return solver(conversation)
 
     return act
+
+
+def _stable_key(meta: EpisodeMeta) -> str:
+    """The episode's identity across runs: its env, env seed and place in its group (``#index.attempt``, what its
+    trajectory id adds to the group id). Not the trajectory id itself: an unnamed group's id carries a per-manager
+    random prefix, so seeding by it made every run's demonstrations, and the warm-started policy, differ at the same
+    config and seed. Unseeded episodes fall back to the trajectory id."""
+    tid, gid, env_seed = meta.trajectory_id, getattr(meta, "group_id", ""), getattr(meta, "seed", None)
+    if env_seed is None:
+        return tid
+    return f"{getattr(meta, 'env_id', '')}/{env_seed}{tid[len(gid):] if gid and tid.startswith(gid) else ''}"

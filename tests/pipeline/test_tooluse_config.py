@@ -36,7 +36,7 @@ def test_noisy_plays_the_mistake_function_deterministically():
     from agentrl.warmstart import noisy
 
     convo = [{"role": "system", "content": "x"}, {"role": "user", "content": "How old is Ann?"}]
-    meta = SimpleNamespace(trajectory_id="t0")
+    meta = SimpleNamespace(trajectory_id="t0", env_id="agentrl/ToolLookup-v0", seed=None)
     assert noisy(solve, mistake, 0.0)(convo, meta) == solve(convo)
     always = noisy(solve, mistake, 1.0, seed=3)
     assert always(convo, meta) == always(convo, meta) != solve(convo)
@@ -52,3 +52,23 @@ def test_tool_metrics_are_per_episode_means():
     assert m == {"parse_errors_per_episode": pytest.approx(2 / 3), "invalid_actions_per_episode": 1.0}
     assert tool_metrics([SimpleNamespace(info={"chat/tool_parse_errors": 1})]) == {"parse_errors_per_episode": 1.0}
     assert tool_metrics([]) == {}
+
+
+def test_noisy_demonstrations_repeat_across_runs_at_the_same_seeds():
+    """Trajectory ids carry a per-manager random prefix: the noise must follow the episode's env seed instead, or
+    every run at the same config and seed warm-starts from different demonstrations."""
+    from agentrl.envs.tool_lookup import solve
+    from agentrl.warmstart import noisy
+
+    convo = [{"role": "system", "content": "x"}, {"role": "user", "content": "How old is Ann?"}]
+    act = noisy(solve, mistake, 0.5, seed=3)
+
+    def plays(prefix: str) -> list[str]:
+        return [act(convo, SimpleNamespace(trajectory_id=f"{prefix}-g{i}#{k}.{k}", group_id=f"{prefix}-g{i}",
+                                           env_id="agentrl/ToolLookup-v0", seed=i))
+                for i in range(20) for k in range(2)]
+
+    run_a, run_b = plays("a1b2c3"), plays("d4e5f6")
+    assert run_a == run_b
+    assert 5 < sum(a != solve(convo) for a in run_a) < 35  # the noise is still there, per episode
+    assert any(run_a[2 * i] != run_a[2 * i + 1] for i in range(20))  # and differs within a group of one seed
