@@ -11,6 +11,10 @@ from agentrl.registration import load_plugins as _load_plugins  # noqa: E402
 
 _load_plugins()
 
+from agentrl._moved import install as _install_moved  # noqa: E402
+
+_install_moved()
+
 __all__ = [
     "Env", "Message", "MessagesSpace", "Observation", "TextSpace", "TimeLimit", "Wrapper", "as_messages",
     "RegistrationError", "make", "register", "registered_ids", "spec", "Group", "Trajectory", "__version__",

@@ -2,7 +2,7 @@
 
 The manager knows nothing about tokens or engines. For each episode it opens a :class:`PolicySession` and, every
 turn, hands it the messages the env just added and awaits an :class:`Action`. The vLLM agent loop
-(``agentrl.rollout``) is one implementation: it keeps the trajectory's token ids across turns (token-in/token-out)
+(``agentrl.agent.loop``) is one implementation: it keeps the trajectory's token ids across turns (token-in/token-out)
 and reports them through :meth:`PolicySession.token_record`. Scripted policies and latency models for benchmarks
 are others.
 """

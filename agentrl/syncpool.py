@@ -10,7 +10,7 @@ thread for anyone. Python cannot kill a thread, so this pool lets hung calls go 
   the call returns, and a new thread takes its place for queued work. So hung calls never starve the others.
 - At most ``max_hung`` abandoned calls may be running at once; past that, :meth:`SyncPool.run` raises
   :class:`PoolExhausted` at once instead of starting threads without end (a process that far gone is replaced:
-  :class:`agentrl.workers.RayWorker`'s heartbeat reports it unhealthy).
+  :class:`agentrl.manager.workers.RayWorker`'s heartbeat reports it unhealthy).
 
 Invariants: ``live - hung <= size`` threads serve new work; a call starts at most once; a call whose caller was
 cancelled before it started never starts.

@@ -46,7 +46,7 @@ class SlowFrozenLake(FrozenLakeEnv):
 
 def run_one(args, name: str, overrides: list[str]) -> dict:
     import agentrl
-    from agentrl.pipeline import load_config, train
+    from agentrl.controller.run import load_config, train
 
     if "bench/SlowFrozenLake-v0" not in agentrl.registered_ids():
         agentrl.register("bench/SlowFrozenLake-v0", entry_point=SlowFrozenLake, max_episode_steps=20)

@@ -1,6 +1,6 @@
 """Template modes by family: what ``split`` costs in trained tokens, and the agent loop's rendering time per turn.
 
-For each family (the published templates and tokenizers of tests/rollout/chat_tokenizers.py), ``--episodes``
+For each family (the published templates and tokenizers of tests/chat/chat_tokenizers.py), ``--episodes``
 scripted episodes of ``--turns`` turns run through ``AgentLoopPolicy`` against a zero-latency scripted engine that
 emits the family's own output (a short reasoning block where the family thinks, then a one-line answer); every env
 turn is a user message (feedback, as in GuessNumber), the case where thinking templates rewrite history each turn.
@@ -50,7 +50,7 @@ async def run(case: str, mode: str, episodes: int, turns: int) -> dict[str, floa
 
     from agentrl.chat import ChatConfig
     from agentrl.policy import EpisodeMeta
-    from agentrl.rollout import AgentLoopPolicy, RolloutConfig
+    from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
 
     tok = T.tokenizer(case)
     engine = T.ScriptEngine([T.encode(tok, output(case, i % turns)) for i in range(episodes * turns)])

@@ -31,10 +31,10 @@ import sys
 import tempfile
 import time
 
-SLEEP = "agentrl.manager_testing:SleepEnv"
-SYNC = "agentrl.manager_testing:SyncSleepEnv"
-HANG = "agentrl.workers_testing:SyncHangEnv"
-STUCK = "agentrl.workers_testing:StuckLoopEnv"
+SLEEP = "agentrl.testing.manager_envs:SleepEnv"
+SYNC = "agentrl.testing.manager_envs:SyncSleepEnv"
+HANG = "agentrl.testing.faulty_envs:SyncHangEnv"
+STUCK = "agentrl.testing.faulty_envs:StuckLoopEnv"
 
 
 def local_specs(n: int, rng: random.Random):
@@ -79,7 +79,7 @@ FAULTY = {"sync_hang", "raise", "garbage", "hang", "bad_reward"}
 
 async def run_phase(name: str, specs, cfg, kill_after_steps: int | None = None) -> dict:
     from agentrl.manager import EnvManager
-    from agentrl.manager_testing import EchoPolicy
+    from agentrl.testing.manager_envs import EchoPolicy
 
     t0 = time.monotonic()
     results: dict[int, list] = collections.defaultdict(list)
@@ -124,7 +124,7 @@ async def run_phase(name: str, specs, cfg, kill_after_steps: int | None = None) 
 async def driver(args) -> None:
     from agentrl import core
     from agentrl.manager import ManagerConfig
-    from agentrl.workers import RayWorker
+    from agentrl.manager.workers import RayWorker
 
     rng = random.Random(args.seed)
     RayWorker.heartbeat_interval_s = 1.0

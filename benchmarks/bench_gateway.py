@@ -124,7 +124,7 @@ def loadavg() -> str:
 
 async def run_native(engine, tok, args, tag: str) -> dict:
     from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-    from agentrl.rollout import AgentLoopPolicy, RolloutConfig
+    from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
 
     cfg = RolloutConfig(temperature=1.0, max_tokens_per_turn=args.tokens, ignore_eos=True, max_turns=args.turns + 1,
                         max_context_tokens=4096)

@@ -74,9 +74,9 @@ def run_lockstep(venv: gymnasium.vector.AsyncVectorEnv, lat: np.ndarray, slots: 
 
 async def run_manager(lat: np.ndarray, slots: int, workers: int, batch_sync: bool, rpc_window: float) -> float:
     from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-    from agentrl.manager_testing import EchoPolicy
+    from agentrl.testing.manager_envs import EchoPolicy
 
-    specs = [EpisodeSpec("agentrl.manager_testing:SleepEnv", {"turns": lat.shape[1], "step_latency": row.tolist(),
+    specs = [EpisodeSpec("agentrl.testing.manager_envs:SleepEnv", {"turns": lat.shape[1], "step_latency": row.tolist(),
                                                               "min_latency": 0.0}, seed=i)
              for i, row in enumerate(lat)]
     cfg = ManagerConfig(workers=workers, max_concurrency=slots, step_timeout_s=60, rpc_batch_window_s=rpc_window)

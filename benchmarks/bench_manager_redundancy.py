@@ -1,6 +1,6 @@
 """Benchmark 3: redundant environments under fail-slow (ROLL Flash), groups × group size 32×8 against 36×9 and 36×12.
 
-Every episode is a :class:`agentrl.manager_testing.SleepEnv` of ``turns`` steps with latency N(μ, σ) (μ = 0.1 s:
+Every episode is a :class:`agentrl.testing.manager_envs.SleepEnv` of ``turns`` steps with latency N(μ, σ) (μ = 0.1 s:
 ROLL Flash's 10 s scaled down 100×). Fail-slow: with probability ``--slow`` an env runs ``--slow-factor`` × slower,
 and with probability ``--hang`` it hangs (its step never returns; the step timeout turns it into an error and the
 group gets a replacement). ``collect_groups`` needs 32 groups of 8 finished episodes:
@@ -25,7 +25,7 @@ import statistics
 import time
 
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-from agentrl.manager_testing import EchoPolicy
+from agentrl.testing.manager_envs import EchoPolicy
 
 
 async def run_batch(args: argparse.Namespace, groups: int, size: int, seed: int) -> dict:
@@ -34,9 +34,9 @@ async def run_batch(args: argparse.Namespace, groups: int, size: int, seed: int)
                         max_failures_per_group=100)
     kw = {"turns": args.turns, "step_latency": args.mu, "latency_sigma": args.sigma, "slow_prob": args.slow,
           "slow_factor": args.slow_factor, "hang_prob": args.hang}
-    specs = (EpisodeSpec("agentrl.manager_testing:SleepEnv", kw, seed=seed * 1000 + i, task=i) for i in range(10**6))
+    specs = (EpisodeSpec("agentrl.testing.manager_envs:SleepEnv", kw, seed=seed * 1000 + i, task=i) for i in range(10**6))
     async with EnvManager(cfg, EchoPolicy()) as m:
-        await m.run_episodes([EpisodeSpec("agentrl.manager_testing:SleepEnv", {"turns": 1})] * 8)  # warm-up
+        await m.run_episodes([EpisodeSpec("agentrl.testing.manager_envs:SleepEnv", {"turns": 1})] * 8)  # warm-up
         before = m.metrics()
         t0 = time.perf_counter()
         out = await m.collect_groups(specs)

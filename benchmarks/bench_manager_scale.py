@@ -1,6 +1,6 @@
 """Benchmark 1 (scale): thousands of concurrent episodes through 2 Ray env workers.
 
-Each episode is a toy env (:class:`agentrl.manager_testing.SleepEnv`) whose steps take a fixed ``asyncio.sleep``
+Each episode is a toy env (:class:`agentrl.testing.manager_envs.SleepEnv`) whose steps take a fixed ``asyncio.sleep``
 latency; the policy answers immediately, so the ideal makespan is the env work divided by the concurrency
 (``episodes · turns · latency / concurrency``). Reports throughput (env steps/s) and its fraction of the ideal,
 the manager's CPU overhead per env step (driver process CPU time / steps, and the workers' CPU / steps), and memory
@@ -20,7 +20,7 @@ import resource
 import time
 
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-from agentrl.manager_testing import EchoPolicy
+from agentrl.testing.manager_envs import EchoPolicy
 
 
 def _rss() -> int:
@@ -39,7 +39,7 @@ async def main(args: argparse.Namespace) -> dict:
     policy = EchoPolicy(latency=args.policy_latency)
     async with EnvManager(cfg, policy) as m:
         # warm-up: import the env module in every worker, start their thread pools
-        await m.run_episodes([EpisodeSpec("agentrl.manager_testing:SleepEnv", {"turns": 1}) for _ in range(8)])
+        await m.run_episodes([EpisodeSpec("agentrl.testing.manager_envs:SleepEnv", {"turns": 1}) for _ in range(8)])
         base = await m.worker_stats()
         base_rss = {s["name"]: s["rss_bytes"] for s in base}
         base_cpu = {s["name"]: s["cpu_s"] for s in base}
@@ -56,7 +56,7 @@ async def main(args: argparse.Namespace) -> dict:
                 peak["running"] = max(peak["running"], m.running)
 
         sampler = asyncio.ensure_future(sample())
-        specs = [EpisodeSpec("agentrl.manager_testing:SleepEnv",
+        specs = [EpisodeSpec("agentrl.testing.manager_envs:SleepEnv",
                              {"turns": args.turns, "step_latency": args.latency}, seed=i) for i in range(args.episodes)]
         t0 = time.perf_counter()
         trajs = await m.run_episodes(specs)

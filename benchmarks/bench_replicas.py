@@ -65,7 +65,7 @@ def loadavg() -> float:
 
 async def rollout_round(engine: Any, tok: Any, args: argparse.Namespace, tag: str) -> dict[str, float]:
     from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-    from agentrl.rollout import AgentLoopPolicy, RolloutConfig
+    from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
 
     cfg = RolloutConfig(temperature=1.0, max_tokens_per_turn=args.tokens, ignore_eos=True, max_turns=args.turns + 1,
                         max_context_tokens=4096)

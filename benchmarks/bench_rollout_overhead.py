@@ -116,7 +116,7 @@ async def raw_run(engine, tok, args, tag: str) -> dict:
 
 async def loop_run(engine, tok, args, tag: str) -> dict:
     from agentrl.policy import EpisodeMeta
-    from agentrl.rollout import AgentLoopPolicy, RolloutConfig
+    from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
 
     cfg = RolloutConfig(temperature=1.0, max_tokens_per_turn=args.tokens, ignore_eos=True,
                         max_turns=args.turns + 1, max_context_tokens=4096)

@@ -73,7 +73,7 @@ def _generated(run_dir: Path) -> list[int]:
 
 def run_one(args: argparse.Namespace, name: str, overrides: list[str]) -> dict:
     import agentrl
-    from agentrl.pipeline import load_config, train
+    from agentrl.controller.run import load_config, train
 
     if ENV_ID not in agentrl.registered_ids():
         agentrl.register(ENV_ID, entry_point=LatencyFrozenLake, max_episode_steps=args.max_turns)

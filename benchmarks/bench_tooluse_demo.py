@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     dirs = [Path(p) for p in args.runs] if args.runs else [out / f"seed{s}" for s in args.seeds]
     if not args.report_only:
         from agentrl.inference.config import EngineConfig
-        from agentrl.pipeline import load_config
+        from agentrl.controller.run import load_config
 
         cfg = load_config(args.config, extra)
         t0 = time.perf_counter()

@@ -66,7 +66,7 @@ def main() -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from agentrl.trainer.config import OptimizerConfig, TrainerConfig
-    from agentrl.trainer.group import create_trainer, stop_trainer
+    from agentrl.trainer.dp_group import create_trainer, stop_trainer
 
     model_dir = tempfile.mkdtemp(prefix="bench_trainer_dp_")
     torch.manual_seed(0)

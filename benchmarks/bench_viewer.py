@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_viewer.py                       # defaults below, prints a markdown table
     .venv/bin/python benchmarks/bench_viewer.py --screenshot-run runs/quickstart --screenshot docs/viewer.png
 
-Data: written by the real writer (:class:`agentrl.runlog.TrajectoryLog`) from real :class:`Trajectory` objects
+Data: written by the real writer (:class:`agentrl.controller.runlog.TrajectoryLog`) from real :class:`Trajectory` objects
 whose tokens are the tiny model's tokenizer applied to chat-formatted text:
 
 - ``long``: one 100-turn trajectory of ``--long-tokens`` (default 65,536) tokens (assistant turns with tool calls,
@@ -34,9 +34,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agentrl.runlog import TrajectoryLog
+from agentrl.controller.runlog import TrajectoryLog
 from agentrl.trajectory import Trajectory
-from agentrl.viewer.browser import Chromium
+from agentrl.testing.browser import Chromium
 
 WORDS = ("the agent calls a tool to read the file then edits the function and runs the tests again because the first "
          "attempt failed with an import error in module utils line 42 so it looks at the traceback").split()

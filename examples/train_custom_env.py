@@ -17,7 +17,7 @@ from typing import Any
 
 import agentrl
 from agentrl.config import apply_overrides, from_dict
-from agentrl.pipeline import TrainConfig, train
+from agentrl.controller.run import TrainConfig, train
 
 SIZE = 5
 

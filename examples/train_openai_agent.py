@@ -20,7 +20,7 @@ import openai
 import agentrl
 from agentrl.config import from_dict
 from agentrl.gateway import HARNESS_ENV_ID, HarnessContext, harness_policy
-from agentrl.pipeline import TrainConfig, train
+from agentrl.controller.run import TrainConfig, train
 
 
 async def guess_number_agent(ctx: HarnessContext) -> float:

@@ -1,6 +1,6 @@
 """Chat rendering for real model families: exact prompt tokens, template modes, native tool-call formats.
 
-Used by the agent loop (:mod:`agentrl.rollout`) and meant for the OpenAI-compatible gateway as it is. The API::
+Used by the agent loop (:mod:`agentrl.agent.loop`) and meant for the OpenAI-compatible gateway as it is. The API::
 
     from agentrl.chat import ChatConfig, ChatRenderer, load_tokenizer
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.manager import ManagerConfig
-from agentrl.rollout import RolloutConfig
+from agentrl.agent.loop import RolloutConfig
 
 
 @dataclass
@@ -107,7 +107,7 @@ async def run(cfg: RolloutRunConfig, engine: Any = None) -> int:
     from agentrl.manager import EnvManager, EpisodeSpec
     from agentrl.registration import RegistrationError
     from agentrl.registration import spec as env_spec
-    from agentrl.rollout import AgentLoopPolicy
+    from agentrl.agent.loop import AgentLoopPolicy
 
     try:
         env_spec(cfg.env)  # unknown env id: a clear error before minutes of engine start-up

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
     from agentrl.config import ConfigError
-    from agentrl.pipeline import load_config, train
+    from agentrl.controller.run import load_config, train
 
     overrides = list(args.overrides)
     if args.resume:

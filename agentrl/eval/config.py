@@ -65,7 +65,7 @@ class PolicyConfig:
     the name they serve and, unless ``engine.tokenizer`` is set, the tokenizer directory, needed for
     token-in/token-out). ``name`` is the
     ``model_name_or_path`` of predictions. ``engine`` holds ``agentrl.inference.config.EngineConfig`` fields,
-    ``rollout`` ``agentrl.rollout.RolloutConfig`` fields (both checked when the policy is built)."""
+    ``rollout`` ``agentrl.agent.loop.RolloutConfig`` fields (both checked when the policy is built)."""
 
     kind: Literal["oracle", "empty", "vllm", "remote"] = "oracle"
     model: str | None = None  # vllm: weights dir or "tiny" (default); remote: served name = tokenizer dir

@@ -47,7 +47,7 @@ def _ensure_registered(env_id: str) -> None:
 
 def _make_env(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None):
     # The manager's own constructor: a registered id, or "package.module:Class".
-    from agentrl.workers import make_env
+    from agentrl.manager.workers import make_env
 
     _ensure_registered(env_id)
     kw = dict(kwargs)

@@ -92,7 +92,7 @@ def build_policy(cfg: PolicyConfig, kwargs_by_env: dict[str, dict[str, Any]] | N
     if cfg.kind == "empty":
         return BuiltPolicy(_DispatchPolicy(empty_policy_for, kwargs_by_env or {}))
     from agentrl.inference.config import EngineConfig, make_engine
-    from agentrl.rollout import AgentLoopPolicy, RolloutConfig
+    from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
 
     rollout = from_dict(RolloutConfig, cfg.rollout, "policy.rollout")
     if cfg.kind == "vllm":

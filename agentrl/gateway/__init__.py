@@ -25,7 +25,7 @@ Python API::
         client = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key)
         ...
         return reward
-    await agentrl.pipeline.train(cfg, policy=harness_policy(my_agent))      # cfg.env.id = "agentrl/Harness-v0"
+    await agentrl.controller.run.train(cfg, policy=harness_policy(my_agent))      # cfg.env.id = "agentrl/Harness-v0"
 """
 
 from agentrl.gateway.config import GatewayConfig

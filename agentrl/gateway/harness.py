@@ -227,7 +227,7 @@ class HarnessPolicy(Policy):
 
 
 def harness_policy(harness: HarnessFn, cfg: GatewayConfig | None = None) -> Callable[[Any, Any, Any], HarnessPolicy]:
-    """Returns a policy factory for :func:`agentrl.pipeline.train` (``train(cfg, policy=harness_policy(fn))``):
+    """Returns a policy factory for :func:`agentrl.controller.run.train` (``train(cfg, policy=harness_policy(fn))``):
     the gateway samples with the run's ``rollout`` temperature/top-p/top-k (``sampling: config``, so the trainer's
     ratios are taken against the distribution that was sampled) and the rollout's chat config, unless ``cfg`` is
     given."""

@@ -7,7 +7,7 @@ What each part asks Ray for (one "bundle" per unit):
   on a cluster with GPUs (no ``GPU`` key otherwise), plus ``engine.resources``; only on nodes whose Ray labels
   match ``engine.label_selector``. The replicas share one placement group with ``engine.placement_strategy``.
 - trainer rank (``trainer.world_size`` of them): ``{"CPU": trainer_num_cpus, "GPU": 1}`` (no GPU on CPU hosts);
-  one placement group (``PACK``); see :mod:`agentrl.trainer.group`.
+  one placement group (``PACK``); see :mod:`agentrl.trainer.dp_group`.
 - env workers: ``manager.worker_num_cpus`` each (0 by default), spread over the cluster.
 
 :func:`check_fits` compares the sum of all asks with what Ray reports free, and each bundle with what one node

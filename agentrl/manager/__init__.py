@@ -6,7 +6,7 @@ Flow of one episode (one task in the driver; :mod:`agentrl.manager.episode`)::
        ──> step (worker) ──> act ──> ... ──> terminated | truncated | error | cancelled ──> close env + session
 
 No lock-step barrier anywhere: an env steps when its own action arrives and the policy is asked when its own
-observation arrives. Envs live in env workers (:mod:`agentrl.workers`): ``workers: 0`` hosts them in this process,
+observation arrives. Envs live in env workers (:mod:`agentrl.manager.workers`): ``workers: 0`` hosts them in this process,
 ``workers: N`` in N Ray actors (each running many envs on its own event loop); episodes go to the least-loaded live
 worker. The policy lives in the driver.
 
@@ -42,7 +42,7 @@ mode ``extra_per_group`` applies the same way; ``extra_groups`` has no meaning t
 fastest members by design, so it biases a batch toward short episodes: leave ``extra_per_group`` at 0 where that
 matters. A policy session that raises :class:`~agentrl.manager.episode.GiveUpGroup` ends its group at once (no
 retry, siblings cancelled, ``given_up_groups``); a batch round opens another task in its place (tail batching's
-length budget, :mod:`agentrl.tail`).
+length budget, :mod:`agentrl.controller.tail`).
 
 Admission, deadlines and staleness (``async_ratio`` α; :mod:`agentrl.manager.admission` states the rules and their
 invariants): a group is opened only while ``accepted`` plus ``group_size`` for every open group and for the new one

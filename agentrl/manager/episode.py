@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from agentrl.manager.config import ManagerConfig
 from agentrl.policy import EpisodeMeta, Policy, PolicySession
 from agentrl.trajectory import Trajectory
-from agentrl.workers import EnvFailure, EnvWorker, WorkerDied
+from agentrl.manager.workers import EnvFailure, EnvWorker, WorkerDied
 
 if TYPE_CHECKING:
     from agentrl.manager.groups import Episode
@@ -32,7 +32,7 @@ class StaleEpisode(Exception):
 
 class GiveUpGroup(Exception):
     """Raised by a policy session to end its episode and give its whole group up at once, without a retry (e.g. a
-    response past tail batching's length budget, :mod:`agentrl.tail`): the episode ends as cancelled, its siblings
+    response past tail batching's length budget, :mod:`agentrl.controller.tail`): the episode ends as cancelled, its siblings
     are cancelled, and a batch round (``collect_groups``/``stream_groups``) opens another task in its place."""
 
 

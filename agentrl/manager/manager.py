@@ -25,7 +25,7 @@ from agentrl.manager.groups import OPEN, Episode, GroupBook, GroupState, Round
 from agentrl.manager.pool import WorkerPool
 from agentrl.policy import Policy
 from agentrl.trajectory import Group, Trajectory
-from agentrl.workers import EnvWorker
+from agentrl.manager.workers import EnvWorker
 
 _COUNTERS = ("started", "finished", "cancelled", "failed", "dropped_stale", "rescheduled", "replaced", "surplus",
              "delivered_groups", "failed_groups", "given_up_groups", "env_steps", "policy_calls", "worker_deaths")
@@ -60,7 +60,7 @@ class EnvManager:
 
     @property
     def workers(self) -> list[EnvWorker]:
-        """The env workers (:class:`~agentrl.workers.EnvWorker`), started by :meth:`start_workers`."""
+        """The env workers (:class:`~agentrl.manager.workers.EnvWorker`), started by :meth:`start_workers`."""
         return self._pool.workers
 
     async def start_workers(self) -> None:
@@ -404,5 +404,5 @@ class EnvManager:
         return m
 
     async def worker_stats(self) -> list[dict[str, Any]]:
-        """Returns each live worker's host counters (see :meth:`agentrl.workers.EnvHost.stats`)."""
+        """Returns each live worker's host counters (see :meth:`agentrl.manager.workers.EnvHost.stats`)."""
         return list(await asyncio.gather(*(w.stats() for w in self._live_workers())))

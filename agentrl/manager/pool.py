@@ -13,7 +13,7 @@ import itertools
 from typing import Any, Callable
 
 from agentrl.manager.config import ManagerConfig, ManagerError
-from agentrl.workers import EnvWorker, LocalWorker, RayWorker
+from agentrl.manager.workers import EnvWorker, LocalWorker, RayWorker
 
 
 class WorkerPool:

@@ -20,10 +20,10 @@ _EXPORTS = {
     "TrainerWorker": "agentrl.trainer.actor",
     "TrainerActor": "agentrl.trainer.actor",
     "create_trainer_actor": "agentrl.trainer.actor",
-    "TrainerGroup": "agentrl.trainer.group",
-    "TrainerRankError": "agentrl.trainer.group",
-    "create_trainer": "agentrl.trainer.group",
-    "stop_trainer": "agentrl.trainer.group",
+    "TrainerGroup": "agentrl.trainer.dp_group",
+    "TrainerRankError": "agentrl.trainer.dp_group",
+    "create_trainer": "agentrl.trainer.dp_group",
+    "stop_trainer": "agentrl.trainer.dp_group",
 }
 
 __all__ = sorted(_EXPORTS)

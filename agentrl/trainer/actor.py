@@ -16,9 +16,9 @@ cannot call properties remotely, hence ``get_version``); :data:`TrainerActor` is
     metrics = ray.get(actor.finish_step.remote())
     records = ray.get(actor.take_logprob_records.remote())            # with trainer.record_logprobs > 0
 
-Data parallelism (``trainer.world_size: N``): :mod:`agentrl.trainer.group` starts N of these actors in a placement
+Data parallelism (``trainer.world_size: N``): :mod:`agentrl.trainer.dp_group` starts N of these actors in a placement
 group, joins them with :meth:`TrainerWorker.init_distributed` and offers the same remote-call surface as one actor
-(``create_trainer`` returns either). Rank logic lives in :mod:`agentrl.trainer.distributed`.
+(``create_trainer`` returns either). Rank logic lives in :mod:`agentrl.trainer.dp_rank`.
 """
 
 from __future__ import annotations
@@ -91,16 +91,16 @@ class TrainerWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    # Data parallelism (agentrl.trainer.group): rank 0 names the rendezvous, then every rank joins.
+    # Data parallelism (agentrl.trainer.dp_group): rank 0 names the rendezvous, then every rank joins.
     def rendezvous(self) -> tuple[str, int]:
-        from agentrl.trainer.distributed import free_port
+        from agentrl.trainer.dp_rank import free_port
 
         return free_port()
 
     def init_distributed(self, address: str, port: int, rank: int, world_size: int, timeout_s: float) -> dict:
         """Joins the ranks' process group (NCCL on CUDA, gloo on CPU) and makes the trainer one of its ranks.
         Returns ``{"rank", "sharding", "pid", "host"}``."""
-        from agentrl.trainer.distributed import init_process_group, rank_env
+        from agentrl.trainer.dp_rank import init_process_group, rank_env
 
         backend = "nccl" if self.trainer.device.type == "cuda" else "gloo"
         init_process_group(address, port, rank, world_size, backend, timeout_s)
@@ -123,7 +123,7 @@ def create_trainer_actor(
     loaded, so a bad path or config raises here (as ``ray.exceptions.RayTaskError``) rather than on first use.
     ``num_gpus`` should be 1 on GPU hosts (the actor then sees exactly one device)."""
     if config.world_size > 1:
-        raise ValueError("create_trainer_actor starts one trainer: use agentrl.trainer.group.create_trainer for "
+        raise ValueError("create_trainer_actor starts one trainer: use agentrl.trainer.dp_group.create_trainer for "
                          f"trainer.world_size={config.world_size}")
     opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     if name is not None:

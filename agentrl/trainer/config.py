@@ -199,7 +199,7 @@ class TrainerConfig:
     trainer keeps its log-probs of (:meth:`Trainer.take_logprob_records`).
 
     Data parallelism: ``world_size: N`` runs N trainer ranks (Ray actors joined by ``torch.distributed``; see
-    :mod:`agentrl.trainer.group`); each step's batch is split between them by loss-token count and the update equals
+    :mod:`agentrl.trainer.dp_group`); each step's batch is split between them by loss-token count and the update equals
     one rank's on the whole batch. ``sharding``: ``replicate`` (whole model on every rank, gradients all-reduced),
     ``fsdp`` (FSDP2 shards, bf16/fp32 compute over fp32 master shards), or ``auto`` (``fsdp`` on CUDA, ``replicate``
     on CPU). ``micro_batch_size`` and ``micro_batch_tokens`` are per rank.

@@ -1,5 +1,5 @@
 """Per-step bookkeeping that stays correct when a step is split: across micro-batches, across streamed
-``accumulate`` calls, and across data-parallel ranks (:mod:`agentrl.trainer.distributed`).
+``accumulate`` calls, and across data-parallel ranks (:mod:`agentrl.trainer.dp_rank`).
 
 Everything a step reports or divides by is kept as a sum (or a maximum) until the step ends:
 

@@ -96,7 +96,7 @@ class Trainer:
 
     Construct with a validated :class:`TrainerConfig` and the path of a HF causal LM directory. Raises
     ``ValueError`` for an invalid config (naming the key). It trains alone until :meth:`enable_data_parallel`
-    makes it one rank of a ``torch.distributed`` group (:mod:`agentrl.trainer.distributed`); ``reducer`` (default
+    makes it one rank of a ``torch.distributed`` group (:mod:`agentrl.trainer.dp_rank`); ``reducer`` (default
     :class:`~agentrl.trainer.step.LocalReducer`) is the data-parallel hook: see :meth:`_global_counts`.
     """
 
@@ -190,12 +190,12 @@ class Trainer:
 
     @property
     def sharding(self) -> str:
-        """``none`` (one trainer), ``replicate`` or ``fsdp`` (see :mod:`agentrl.trainer.distributed`)."""
+        """``none`` (one trainer), ``replicate`` or ``fsdp`` (see :mod:`agentrl.trainer.dp_rank`)."""
         return self._sharding
 
     def enable_data_parallel(self) -> None:
         """Makes this trainer one rank of the already initialised default ``torch.distributed`` process group
-        (:func:`agentrl.trainer.distributed.init_process_group`), before any step: metrics and loss normalisers
+        (:func:`agentrl.trainer.dp_rank.init_process_group`), before any step: metrics and loss normalisers
         become all-reduced sums, and the model is held as ``config.sharding`` says (``auto``: ``fsdp`` on CUDA,
         ``replicate`` on CPU). Every rank starts from rank 0's weights. Raises ``RuntimeError`` after a step or
         when no process group exists."""
@@ -245,7 +245,7 @@ class Trainer:
         cfg = self.config
         groups = split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens, packing=cfg.packing)
         if self._sharding == "fsdp":
-            from agentrl.trainer.distributed import agree_count
+            from agentrl.trainer.dp_rank import agree_count
 
             groups += [[] for _ in range(agree_count(len(groups), self.device) - len(groups))]
         return groups
@@ -396,7 +396,7 @@ class Trainer:
         """Makes ``p.grad`` the sum over all workers: an all-reduce in ``replicate`` mode; a no-op alone and under
         FSDP (which reduce-scattered them, summed, during backward)."""
         if self._sharding == "replicate":
-            from agentrl.trainer.distributed import sum_gradients
+            from agentrl.trainer.dp_rank import sum_gradients
 
             sum_gradients(self._params())
 
@@ -449,7 +449,7 @@ class Trainer:
         elapsed = time.perf_counter() - t_start
         out["perf/step_s"] = elapsed
         if self._world > 1:
-            from agentrl.trainer.distributed import comm_seconds
+            from agentrl.trainer.dp_rank import comm_seconds
 
             # this rank's seconds in collectives during the step (waiting for a slower rank included)
             out["perf/comm_s"] = comm_seconds() - self._comm_at_start
@@ -488,7 +488,7 @@ class Trainer:
     def _begin_step(self) -> float:
         """Returns the step's start time (and notes the collective seconds so far, for ``perf/comm_s``)."""
         if self._world > 1:
-            from agentrl.trainer.distributed import comm_seconds
+            from agentrl.trainer.dp_rank import comm_seconds
 
             self._comm_at_start = comm_seconds()
         return time.perf_counter()
@@ -696,7 +696,7 @@ class Trainer:
 
     def _full_model_state(self) -> dict[str, Tensor]:
         if self._sharding == "fsdp":
-            from agentrl.trainer.distributed import full_state_dict
+            from agentrl.trainer.dp_rank import full_state_dict
 
             return full_state_dict(self.model)
         return self.model.state_dict()
@@ -714,7 +714,7 @@ class Trainer:
         state = {"optimizer_steps": self._optimizer_steps, "version": self._version, "config": to_dict(self.config),
                  "world_size": self._world, "sharding": self._sharding}
         if self._sharding == "fsdp":
-            from agentrl.trainer.distributed import save_sharded
+            from agentrl.trainer.dp_rank import save_sharded
 
             return save_sharded(path, self.model, self.optimizer, self.model_path, state)
         if self._rank != 0:
@@ -737,7 +737,7 @@ class Trainer:
                 f"trainer.world_size={self._world}; resume with trainer.world_size={saved_world} (a checkpoint holds "
                 f"the whole model, but its optimizer and RNG states belong to the rank layout that saved it)")
         if self._sharding == "fsdp":
-            from agentrl.trainer.distributed import load_sharded
+            from agentrl.trainer.dp_rank import load_sharded
 
             if saved.get("sharding") != "fsdp":
                 raise ValueError(f"{where}: saved with trainer.sharding {saved.get('sharding')!r}, this run uses "

@@ -8,7 +8,7 @@ replaced (a resumed run cut its tail) is indexed again from the start.
 
 Line formats (one trajectory per line, recognised per line):
 
-- ``agentrl train``'s ``trajectories.jsonl`` (:mod:`agentrl.runlog`): ``{"step", "summary", "trajectory"}``. The
+- ``agentrl train``'s ``trajectories.jsonl`` (:mod:`agentrl.controller.runlog`): ``{"step", "summary", "trajectory"}``. The
   summary is read from the line's head with ``raw_decode`` (the token arrays are not parsed) when the line starts
   exactly as the writer writes it; any other line is parsed whole.
 - ``agentrl eval``'s ``trajectories.jsonl``: ``{"env", "instance_id", "success", ..., "trajectory"}``.
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from agentrl.runlog import summarize
+from agentrl.controller.runlog import summarize
 
 TERMINATIONS = ("terminated", "truncated", "error", "cancelled")
 _FAST_RE = re.compile(rb'^\{"step": (-?\d+), "summary": ')

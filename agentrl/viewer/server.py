@@ -34,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrl.runlog import TRAINER_LOGPROBS, TRAJECTORIES
+from agentrl.controller.runlog import TRAINER_LOGPROBS, TRAJECTORIES
 from agentrl.viewer.data import (
     TERMINATIONS, Filter, LogprobIndex, MetricsFile, TrajectoryIndex, UnsafePath, open_nofollow, safe_file,
 )

@@ -2,7 +2,7 @@
 
 The lists are the leaderboard's own (``bfcl_eval.constants.category_mapping``: ``NON_LIVE_CATEGORY``,
 ``LIVE_CATEGORY``, ``MULTI_TURN_CATEGORY``), spelled out here so that registering the envs needs no import of the
-package; ``tests/eval/test_bfcl.py`` checks they are equal. The agentic categories (``web_search_*``, which needs
+package; ``tests/envs/test_bfcl.py`` checks they are equal. The agentic categories (``web_search_*``, which needs
 a live search API, and ``memory_*``, which needs sentence-transformers and faiss) are not served.
 """
 

@@ -14,7 +14,7 @@ their newlines, malformed extra blocks, ``<think>`` preambles, code fences, posi
   (``inference_multi_turn_prompting``) run with a scripted model in place of the HTTP call, so the segmentation
   into turns and steps, the tool results fed back and the held-out function prompts are the loop's own.
 
-:func:`run` returns the counts; ``benchmarks/bench_bfcl.py`` runs the full set, ``tests/eval/test_bfcl.py`` a sample.
+:func:`run` returns the counts; ``benchmarks/bench_bfcl.py`` runs the full set, ``tests/envs/test_bfcl.py`` a sample.
 """
 
 from __future__ import annotations

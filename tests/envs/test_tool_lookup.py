@@ -182,7 +182,7 @@ def test_scripted_mistakes_cover_every_kind_and_never_win_at_once():
 
 def test_noisy_demonstrations_are_mediocre():
     """The warm start's demonstrations at the demo's noise succeed often but not always (RL has room)."""
-    from agentrl.warmstart import noisy
+    from agentrl.controller.warmstart import noisy
 
     act = noisy(solve, mistake, 0.4, seed=0)
     env = agentrl.make(ENV_ID)

@@ -12,11 +12,11 @@ import pytest
 
 from agentrl.config import ConfigError, from_dict
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-from agentrl.manager_testing import EVENTS, EchoPolicy, SleepEnv, SyncSleepEnv
+from agentrl.testing.manager_envs import EVENTS, EchoPolicy, SleepEnv, SyncSleepEnv
 from agentrl.policy import Action, EpisodeMeta, Policy, PolicySession
 
-SLEEP = "agentrl.manager_testing:SleepEnv"
-SYNC = "agentrl.manager_testing:SyncSleepEnv"
+SLEEP = "agentrl.testing.manager_envs:SleepEnv"
+SYNC = "agentrl.testing.manager_envs:SyncSleepEnv"
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -385,9 +385,9 @@ async def test_reset_info_tools_reach_the_policy_meta_before_the_first_act():
                     return Action(text="ok")
             return S()
 
-    import agentrl.manager_testing as mt
+    import agentrl.testing.manager_envs as mt
 
     mt.ToolsEnvForTest = ToolsEnv  # reachable as an entry point in this process
     async with EnvManager(ManagerConfig(), P()) as m:
-        (t,) = await m.run_episodes([EpisodeSpec("agentrl.manager_testing:ToolsEnvForTest", {"turns": 1})])
+        (t,) = await m.run_episodes([EpisodeSpec("agentrl.testing.manager_envs:ToolsEnvForTest", {"turns": 1})])
     assert t.termination == "terminated" and seen == [[{"name": "calc"}]]

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-from agentrl.manager_testing import EVENTS, EchoPolicy
+from agentrl.testing.manager_envs import EVENTS, EchoPolicy
 
-SLEEP = "agentrl.manager_testing:SleepEnv"
+SLEEP = "agentrl.testing.manager_envs:SleepEnv"
 
 pytestmark = pytest.mark.timeout(60)
 

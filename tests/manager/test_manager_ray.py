@@ -10,9 +10,9 @@ import pytest
 import ray
 
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-from agentrl.manager_testing import EchoPolicy
+from agentrl.testing.manager_envs import EchoPolicy
 
-SLEEP = "agentrl.manager_testing:SleepEnv"
+SLEEP = "agentrl.testing.manager_envs:SleepEnv"
 
 pytestmark = pytest.mark.timeout(120)
 

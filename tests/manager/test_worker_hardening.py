@@ -17,14 +17,14 @@ import pytest
 
 from agentrl import core
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-from agentrl.manager_testing import EchoPolicy
-from agentrl.workers import RayWorker
-from agentrl.workers_testing import release_hung
+from agentrl.testing.manager_envs import EchoPolicy
+from agentrl.manager.workers import RayWorker
+from agentrl.testing.faulty_envs import release_hung
 
-HANG = "agentrl.workers_testing:SyncHangEnv"
-STUCK = "agentrl.workers_testing:StuckLoopEnv"
-SLEEP = "agentrl.manager_testing:SleepEnv"
-SYNC = "agentrl.manager_testing:SyncSleepEnv"
+HANG = "agentrl.testing.faulty_envs:SyncHangEnv"
+STUCK = "agentrl.testing.faulty_envs:StuckLoopEnv"
+SLEEP = "agentrl.testing.manager_envs:SleepEnv"
+SYNC = "agentrl.testing.manager_envs:SyncSleepEnv"
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,7 +34,7 @@ def test_hung_sync_step_does_not_block_process_exit(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import asyncio
         from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-        from agentrl.manager_testing import EchoPolicy
+        from agentrl.testing.manager_envs import EchoPolicy
 
         async def main():
             cfg = ManagerConfig(step_timeout_s=0.5, max_failures_per_group=0)

@@ -18,7 +18,7 @@ import torch
 
 from agentrl.inference.placement import ResourceError
 from agentrl.trainer.config import AdvantageConfig, LossConfig, OptimizerConfig, TrainerConfig
-from agentrl.trainer.group import TrainerRankError, create_trainer, shard_by_loss_tokens, stop_trainer
+from agentrl.trainer.dp_group import TrainerRankError, create_trainer, shard_by_loss_tokens, stop_trainer
 from agentrl.trainer.trainer import Trainer
 from agentrl.trajectory import Group, Trajectory
 
@@ -197,7 +197,7 @@ def test_dead_rank_fails_the_step_naming_it(dp_group) -> None:  # the last user 
 
 
 def test_world_size_beyond_ray_is_refused_before_any_model_loads(ray_local) -> None:
-    from agentrl.pipeline import check_resources, load_config
+    from agentrl.controller.run import check_resources, load_config
 
     # The dead-rank test before this one removed its placement group; Ray reports the freed CPUs a moment later.
     deadline = time.monotonic() + 60

@@ -233,7 +233,7 @@ def test_max_seq_len_truncates(tiny_model_dir: Path) -> None:
 
 
 def test_data_parallel_needs_a_process_group(tiny_model_dir: Path) -> None:
-    # ranks are built by agentrl.trainer.group (tests/trainer/test_data_parallel.py); alone, a Trainer refuses
+    # ranks are built by agentrl.trainer.dp_group (tests/trainer/test_data_parallel.py); alone, a Trainer refuses
     tr = Trainer(cfg(world_size=2), tiny_model_dir)
     with pytest.raises(RuntimeError, match="torch.distributed is not initialised"):
         tr.enable_data_parallel()

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-from agentrl.pipeline import RunFiles
-from agentrl.runlog import TrajectoryLog
+from agentrl.controller.run import RunFiles
+from agentrl.controller.runlog import TrajectoryLog
 
 ENVS = {  # the trainer samples the trajectories it records: the fixture records all 12 of a step
     "agentrl/ToolUse-v0": ({}, ['<tool_call>{"name": "lookup", "arguments": {"name": "Zed"}}</tool_call>',
@@ -33,8 +33,8 @@ ENVS = {  # the trainer samples the trajectories it records: the fixture records
 
 async def episodes(tokenizer, env_id: str, groups: int, group_size: int, seed0: int, noise: float = 0.5):
     from agentrl.envs import solver_for
-    from agentrl.rollout import RolloutConfig
-    from agentrl.warmstart import DemoPolicy, noisy
+    from agentrl.agent.loop import RolloutConfig
+    from agentrl.controller.warmstart import DemoPolicy, noisy
 
     kwargs, actions = ENVS[env_id]
     policy = DemoPolicy(noisy(solver_for(env_id), actions, noise, seed=seed0), tokenizer,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.runlog import TRAJECTORIES, TrajectoryLog
+from agentrl.controller.runlog import TRAJECTORIES, TrajectoryLog
 from agentrl.trajectory import Trajectory
-from agentrl.viewer.browser import Chromium, find_chromium
+from agentrl.testing.browser import Chromium, find_chromium
 from agentrl.viewer.tokens import find_tokenizer
 
 # Skipped only off CI: CI installs Chromium (.ci/sandbox-setup.sh), so there a missing browser fails the tests.

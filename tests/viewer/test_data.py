@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.runlog import TRAJECTORIES, summarize
+from agentrl.controller.runlog import TRAJECTORIES, summarize
 from agentrl.trajectory import Trajectory
 from agentrl.viewer.data import Filter, LogprobIndex, MetricsFile, TrajectoryIndex, UnsafePath, safe_file
 from agentrl.viewer.render import diff_marks, trajectory_view

@@ -1,5 +1,5 @@
 """What a training run writes for the viewer: crash-safe step logs of trajectories and the trainer's log-prob
-records (agentrl.runlog, agentrl.trainer.records)."""
+records (agentrl.controller.runlog, agentrl.trainer.records)."""
 
 import json
 import logging
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.runlog import TRAINER_LOGPROBS, TRAJECTORIES, TrajectoryLog, TrajectoryLogConfig, summarize
+from agentrl.controller.runlog import TRAINER_LOGPROBS, TRAJECTORIES, TrajectoryLog, TrajectoryLogConfig, summarize
 from agentrl.trajectory import Trajectory
 
 
@@ -72,7 +72,7 @@ def test_fresh_start_empties_leftovers_and_keeps_unparseable_lines_of_kept_steps
 def test_size_bounds(tmp_path, caplog):
     log = TrajectoryLog(tmp_path, TrajectoryLogConfig(per_step=3, max_mb=0.002)).open(0)
     assert log.write_trajectories(1, [traj(i) for i in range(5)]) == 3  # the first ones: whole groups first
-    with caplog.at_level(logging.WARNING, logger="agentrl.runlog"):
+    with caplog.at_level(logging.WARNING, logger="agentrl.controller.runlog"):
         assert log.write_trajectories(2, [traj(0)]) == 0  # over 0.002 MiB: nothing more
         assert log.write_trajectories(3, [traj(0)]) == 0
     log.close()
@@ -83,7 +83,7 @@ def test_size_bounds(tmp_path, caplog):
 
 def test_config_errors_name_the_key():
     from agentrl.config import ConfigError, from_dict
-    from agentrl.pipeline import TrainConfig
+    from agentrl.controller.run import TrainConfig
     from agentrl.trainer.config import TrainerConfig
 
     with pytest.raises(ConfigError, match="trajectory_log.*per_step must be >= 0"):

@@ -135,7 +135,7 @@ def test_train_refuses_too_many_replicas_before_loading_a_model(two_node_cluster
     import asyncio
 
     from agentrl.cli import main
-    from agentrl.pipeline import load_config, train
+    from agentrl.controller.run import load_config, train
 
     run_dir = tmp_path / "run"
     cfg = load_config(ROOT / "configs/quickstart.yaml", ["engine.replicas=5", f"run_dir={run_dir}", "progress=false"])

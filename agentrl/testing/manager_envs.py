@@ -1,6 +1,6 @@
 """Test and benchmark envs and policies for the environment manager (importable inside Ray env workers).
 
-Envs (use them by entry point, e.g. ``EpisodeSpec("agentrl.manager_testing:SleepEnv", {...})``):
+Envs (use them by entry point, e.g. ``EpisodeSpec("agentrl.testing.manager_envs:SleepEnv", {...})``):
 
 - :class:`SleepEnv`: an async env whose steps take a configurable ``asyncio.sleep`` latency (fixed, per-turn list,
   or normal with a clipped minimum), with injectable faults (raise, hang, garbage results, fail-slow).

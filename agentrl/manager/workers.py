@@ -1,4 +1,4 @@
-"""Env workers: how the driver reaches the :class:`~agentrl.envhost.EnvHost` that holds its envs.
+"""Env workers: how the driver reaches the :class:`~agentrl.manager.host.EnvHost` that holds its envs.
 
 The driver talks to hosts through one interface, :class:`EnvWorker`:
 
@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from agentrl.core import Message, set_sync_env_threads, sync_pool_stats
 # EnvFailure, ProtocolError and make_env are re-exported: callers catch and use them through this module.
-from agentrl.envhost import (FAILURE_KINDS, EnvFailure, EnvHost, ProtocolError, Reply, WorkerDied,  # noqa: F401
+from agentrl.manager.host import (FAILURE_KINDS, EnvFailure, EnvHost, ProtocolError, Reply, WorkerDied,  # noqa: F401
                              _tb_summary, _unwrap, make_env)
 
 

@@ -1,4 +1,4 @@
-"""The controller's schedulers (agentrl.tail, agentrl.schedule): the tail-batching planner alone; tail batching
+"""The controller's schedulers (agentrl.controller.tail, agentrl.controller.batches): the tail-batching planner alone; tail batching
 through the controller loop with the real EnvManager and a long-tailed env (staleness 0, every deferred prompt
 trained exactly once); streamed accumulation through the controller against whole-batch steps with the real trainer
 (fp32, 1e-5); the config refusals. The real engine runs these schedulers in benchmarks/bench_schedulers.py."""
@@ -16,11 +16,11 @@ import pytest
 import agentrl
 from agentrl.config import ConfigError
 from agentrl.manager import ManagerConfig
-from agentrl.manager_testing import EchoPolicy
-from agentrl.pipeline import EnvConfig, EvalConfig, RunFiles, TaskLedger, TrainConfig, _loop, load_config
+from agentrl.testing.manager_envs import EchoPolicy
+from agentrl.controller.run import EnvConfig, EvalConfig, RunFiles, TaskLedger, TrainConfig, _loop, load_config
 from agentrl.policy import Action, PolicySession, TokenRecord
 from agentrl.manager.episode import GiveUpGroup
-from agentrl.tail import LONG, SHORT, BudgetPolicy, TailBatchingConfig, TailPlanner
+from agentrl.controller.tail import LONG, SHORT, BudgetPolicy, TailBatchingConfig, TailPlanner
 from agentrl.trainer.config import OptimizerConfig, TrainerConfig
 
 pytestmark = pytest.mark.timeout(180)
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
 ENV_ID = "test/LongTail-v0"
 if ENV_ID not in agentrl.registered_ids():
-    agentrl.register(ENV_ID, entry_point="agentrl.manager_testing:SleepEnv")
+    agentrl.register(ENV_ID, entry_point="agentrl.testing.manager_envs:SleepEnv")
 
 
 # --------------------------------------------------------------------------------------------- the planner alone

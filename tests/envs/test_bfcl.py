@@ -410,7 +410,7 @@ async def test_multi_turn_episode_trains_through_the_agent_loop_and_manager():
     from agentrl.inference.base import Generation, InferenceEngine
     from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
     from agentrl.models import ensure_tiny_model
-    from agentrl.rollout import AgentLoopPolicy, RolloutConfig
+    from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
 
     tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
     env = BFCLMultiTurnEnv("multi_turn_miss_param")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import ConfigError
-from agentrl.pipeline import RunFiles, load_config
+from agentrl.controller.run import RunFiles, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

@@ -1,5 +1,5 @@
 """Envs that fail the way env workers must survive (importable inside Ray env workers), for tests and the
-fault-injection benchmark. Use them by entry point, e.g. ``EpisodeSpec("agentrl.workers_testing:SyncHangEnv")``.
+fault-injection benchmark. Use them by entry point, e.g. ``EpisodeSpec("agentrl.testing.faulty_envs:SyncHangEnv")``.
 
 - :class:`SyncHangEnv`: a sync-only env whose ``step`` (or ``reset``) blocks its thread until :func:`release_hung`
   is called in the same process (never, in a worker).

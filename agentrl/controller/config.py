@@ -1,6 +1,6 @@
 """The training run's typed config: the env, warm start, evaluation and the run itself (:class:`TrainConfig`), with
 the cross-checks that keep the trainer scoring tokens under the distribution the engine sampled them from. Loaded by
-:func:`load_config` (YAML + ``key.sub=value`` overrides); :mod:`agentrl.pipeline` runs it."""
+:func:`load_config` (YAML + ``key.sub=value`` overrides); :mod:`agentrl.controller.run` runs it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 from agentrl.inference.config import EngineConfig
 from agentrl.manager import ManagerConfig
-from agentrl.rollout import RolloutConfig
-from agentrl.runlog import TrajectoryLogConfig
-from agentrl.tail import TailBatchingConfig
+from agentrl.agent.loop import RolloutConfig
+from agentrl.controller.runlog import TrajectoryLogConfig
+from agentrl.controller.tail import TailBatchingConfig
 from agentrl.trainer.config import TrainerConfig
 
 EVAL_SEED_START = 1_000_000  # held-out seeds: never used for training or demonstrations
@@ -85,7 +85,7 @@ class TrainConfig:
     default (1.0) is set to ``rollout.temperature``, any other value must equal it; ``rollout.top_p`` must be 1 and
     ``rollout.top_k`` off (the trainer's log-probs are of the full distribution), and ``rollout.temperature`` > 0.
 
-    Schedulers (:mod:`agentrl.schedule`): ``tail_batching`` (RollPacker's short and long rounds, :mod:`agentrl.tail`;
+    Schedulers (:mod:`agentrl.controller.batches`): ``tail_batching`` (RollPacker's short and long rounds, :mod:`agentrl.controller.tail`;
     needs ``async_ratio: 0``, no ``manager.extra_groups``/``extra_per_group``) and ``streaming`` (the trainer
     accumulates each group as it finishes and steps once the batch is complete: the same update; needs
     ``trainer.num_mini_batches: 1`` and ``trainer.ppo_epochs: 1``). Both compose with each other; ``streaming`` also

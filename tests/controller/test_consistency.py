@@ -38,7 +38,7 @@ async def test_engine_logprobs_equal_trainer_compute_logprobs_after_a_real_train
     from agentrl.inference.vllm_engine import VLLMEngine
     from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
     from agentrl.models import ensure_tiny_model
-    from agentrl.rollout import AgentLoopPolicy, RolloutConfig
+    from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
     from agentrl.trainer.config import OptimizerConfig, TrainerConfig
     from agentrl.trainer.trainer import Trainer
 

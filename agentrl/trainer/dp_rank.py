@@ -3,7 +3,7 @@
 
 Every rank holds a :class:`~agentrl.trainer.trainer.Trainer`; :meth:`Trainer.enable_data_parallel` plugs this
 module into its hooks. The driver side (placement group, batch sharding, fan-out of calls, rank failures) is
-:mod:`agentrl.trainer.group`.
+:mod:`agentrl.trainer.dp_group`.
 
 Two ways to hold the model (``trainer.sharding``):
 

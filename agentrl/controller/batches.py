@@ -6,7 +6,7 @@ the end of the run, calling ``on_group(g)`` for each as it is taken):
 - :class:`ContinuousBatches`, the plain controller: the manager's continuous run (``EnvManager.start``) under the
   admission rule of ``async_ratio`` (:mod:`agentrl.manager.admission`). With a streamed trainer the groups are
   taken one at a time (``next_batch(1)``, earliest deadline first), so the trainer sees each as soon as it finishes.
-- :class:`agentrl.tail.TailRounds`: tail batching's short and long rounds (``async_ratio: 0`` only).
+- :class:`agentrl.controller.tail.TailRounds`: tail batching's short and long rounds (``async_ratio: 0`` only).
 
 Trainer feeds: plain ``train_step(groups)`` once the batch is complete, or :class:`StreamedStep` (``streaming:
 true``, AsyncFlow's streaming data path): ``start_step`` before the rollout, ``accumulate([group])`` for each group

@@ -23,7 +23,7 @@ from chat_tokenizers import (DEEPSEEK_ADDED, GLM45_ADDED, HARMONY_ADDED, LLAMA3_
 from agentrl.chat import ChatConfig, ChatRenderer, load_tokenizer
 from agentrl.inference.base import Generation, InferenceEngine
 from agentrl.policy import EpisodeMeta
-from agentrl.rollout import AgentLoopPolicy, RolloutConfig, TemplateError
+from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig, TemplateError
 from agentrl.tools import parse_tool_calls
 from agentrl.trajectory import Trajectory
 

@@ -180,7 +180,7 @@ class AgentLoopSession(PolicySession):
         self._inflight: str | None = None
         self._closed = False
         # Tokens the next act() may generate at most (None: no cap beyond max_tokens_per_turn and the context); set
-        # by a caller that bounds the whole episode's length (agentrl.tail.BudgetPolicy).
+        # by a caller that bounds the whole episode's length (agentrl.controller.tail.BudgetPolicy).
         self.max_new_tokens: int | None = None
 
     # -- token bookkeeping ----------------------------------------------------------------------------------------

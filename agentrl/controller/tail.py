@@ -25,10 +25,10 @@ Invariants
   short. That is inherent to tail batching; with ``length_budget`` above most groups' longest member it concerns few
   prompts (``tail/deferred`` counts them).
 
-:class:`TailPlanner` decides (pure bookkeeping, driven alone by ``tests/pipeline/test_schedulers.py``);
+:class:`TailPlanner` decides (pure bookkeeping, driven alone by ``tests/controller/test_schedulers.py``);
 :class:`TailRounds` runs rounds on an :class:`~agentrl.manager.EnvManager` (``stream_groups``, so the manager's groups, retries, worker
 pool and cancellation apply); :class:`BudgetPolicy` ends an episode at the budget and gives its group up, mid-turn
-for the vLLM agent loop (:attr:`agentrl.rollout.AgentLoopSession.max_new_tokens`), at the end of the turn for other
+for the vLLM agent loop (:attr:`agentrl.agent.loop.AgentLoopSession.max_new_tokens`), at the end of the turn for other
 policies.
 """
 
@@ -49,7 +49,7 @@ SHORT, LONG = "short", "long"
 
 @dataclass
 class TailBatchingConfig:
-    """Tail batching (see :mod:`agentrl.tail`). ``length_budget``: generated tokens a trajectory may have in a
+    """Tail batching (see :mod:`agentrl.controller.tail`). ``length_budget``: generated tokens a trajectory may have in a
     short round (all turns together); ``extra_prompts``: prompts a short round launches beyond ``num_groups``."""
 
     enabled: bool = False
@@ -189,7 +189,7 @@ class TailRounds:
     fail) with no budget.
 
     ``spec_for(i)`` returns task ``i``'s spec, ``open_task()`` opens a fresh task and returns its index (the
-    controller's :class:`~agentrl.pipeline.TaskLedger`)."""
+    controller's :class:`~agentrl.controller.run.TaskLedger`)."""
 
     def __init__(self, manager: Any, budget_policy: BudgetPolicy, planner: TailPlanner,
                  spec_for: Callable[[int], EpisodeSpec], open_task: Callable[[], int]):

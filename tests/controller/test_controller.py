@@ -1,4 +1,4 @@
-"""The training controller's loop (agentrl.pipeline._loop) with the real EnvManager and envs, and a fake trainer and
+"""The training controller's loop (agentrl.controller.run._loop) with the real EnvManager and envs, and a fake trainer and
 engine (the trainer sleeps, the engine only moves its version): no length bias under α = 2 with a long-tailed env,
 admission after a resume, the task ledger. The real trainer and engine run in test_train.py and test_consistency.py."""
 
@@ -12,14 +12,14 @@ from scipy.stats import ks_2samp
 
 import agentrl
 from agentrl.manager import ManagerConfig
-from agentrl.manager_testing import EVENTS, EchoPolicy
-from agentrl.pipeline import EnvConfig, EvalConfig, RunFiles, TaskLedger, TrainConfig, _loop
+from agentrl.testing.manager_envs import EVENTS, EchoPolicy
+from agentrl.controller.run import EnvConfig, EvalConfig, RunFiles, TaskLedger, TrainConfig, _loop
 
 pytestmark = pytest.mark.timeout(120)
 
 ENV_ID = "test/LongTail-v0"
 if ENV_ID not in agentrl.registered_ids():
-    agentrl.register(ENV_ID, entry_point="agentrl.manager_testing:SleepEnv")
+    agentrl.register(ENV_ID, entry_point="agentrl.testing.manager_envs:SleepEnv")
 
 
 class _Remote:

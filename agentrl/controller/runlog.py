@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-log = logging.getLogger("agentrl.runlog")
+log = logging.getLogger("agentrl.controller.runlog")
 
 TRAJECTORIES = "trajectories.jsonl"
 TRAINER_LOGPROBS = "trainer_logprobs.jsonl"

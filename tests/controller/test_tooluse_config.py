@@ -10,7 +10,7 @@ import pytest
 
 from agentrl.config import ConfigError
 from agentrl.envs.tool_lookup import mistake
-from agentrl.pipeline import load_config, tool_metrics
+from agentrl.controller.run import load_config, tool_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLUSE = ROOT / "configs" / "tooluse.yaml"
@@ -33,7 +33,7 @@ def test_noise_without_actions_needs_an_env_with_scripted_mistakes():
 
 def test_noisy_plays_the_mistake_function_deterministically():
     from agentrl.envs.tool_lookup import solve
-    from agentrl.warmstart import noisy
+    from agentrl.controller.warmstart import noisy
 
     convo = [{"role": "system", "content": "x"}, {"role": "user", "content": "How old is Ann?"}]
     meta = SimpleNamespace(trajectory_id="t0", env_id="agentrl/ToolLookup-v0", seed=None)
@@ -58,7 +58,7 @@ def test_noisy_demonstrations_repeat_across_runs_at_the_same_seeds():
     """Trajectory ids carry a per-manager random prefix: the noise must follow the episode's env seed instead, or
     every run at the same config and seed warm-starts from different demonstrations."""
     from agentrl.envs.tool_lookup import solve
-    from agentrl.warmstart import noisy
+    from agentrl.controller.warmstart import noisy
 
     convo = [{"role": "system", "content": "x"}, {"role": "user", "content": "How old is Ann?"}]
     act = noisy(solve, mistake, 0.5, seed=3)

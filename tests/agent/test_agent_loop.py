@@ -17,7 +17,7 @@ from agentrl.config import ConfigError, from_dict
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.models import train_tokenizer
 from agentrl.policy import EpisodeMeta
-from agentrl.rollout import AgentLoopPolicy, RolloutConfig, TemplateError
+from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig, TemplateError
 from agentrl.tools import format_tool_call
 from agentrl.trajectory import Trajectory
 
@@ -438,7 +438,7 @@ async def test_template_without_added_tokens_at_boundaries(tok):
 
 
 def test_fast_encode_matches_the_tokenizer(tok):
-    from agentrl.rollout import ChatTokens
+    from agentrl.agent.loop import ChatTokens
 
     chat = ChatTokens(tok)
     text = tok.apply_chat_template([{"role": "user", "content": "Guess 42 <tool_call>{\"a\": 1}</tool_call> ok"}],
@@ -451,7 +451,7 @@ async def test_rollout_through_the_env_manager(tok):
     """``rollout`` over the real EnvManager: GuessNumber episodes whose trajectories hold the loop's tokens; an
     episode that runs out of context ends truncated."""
     from agentrl.manager import EpisodeSpec, ManagerConfig
-    from agentrl.rollout import rollout
+    from agentrl.agent.loop import rollout
 
     eos = tok.eos_token_id
     engine = FakeEngine(lambda p, params, i: enc(tok, "<answer>5</answer>") + [eos], eos)

@@ -11,7 +11,7 @@ garbage never reaches the driver.
 Sync-only envs run in the thread pool of :func:`agentrl.core.run_sync` (:mod:`agentrl.syncpool`) inside the host's
 process: a timed-out sync call cannot be killed (Python threads cannot be), so it is abandoned on its daemon thread,
 which neither holds a pool slot nor blocks process exit. Where a host runs, and how the driver reaches it, is
-:mod:`agentrl.workers`.
+:mod:`agentrl.manager.workers`.
 """
 
 from __future__ import annotations

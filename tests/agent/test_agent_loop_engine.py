@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from agentrl.inference.base import InferenceEngine
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
-from agentrl.rollout import AgentLoopPolicy, RolloutConfig
+from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
 from agentrl.trajectory import Trajectory
 
 pytestmark = pytest.mark.engine

@@ -17,13 +17,13 @@ manager alike)::
   episode is cancelled for being slow: trained trajectories are an unbiased sample of generated ones
   (:mod:`agentrl.manager.admission`).
 
-Schedulers (:mod:`agentrl.schedule`): ``tail_batching`` replaces the continuous run by RollPacker's short and long
-rounds (:mod:`agentrl.tail`, ``async_ratio: 0``); ``streaming`` feeds each group to the trainer as it finishes
+Schedulers (:mod:`agentrl.controller.batches`): ``tail_batching`` replaces the continuous run by RollPacker's short and long
+rounds (:mod:`agentrl.controller.tail`, ``async_ratio: 0``); ``streaming`` feeds each group to the trainer as it finishes
 (``start_step``/``accumulate``/``finish_step``: the same update as one ``train_step``). Metrics ``tail/*`` (rounds,
 deferred prompts waiting, length budget), ``train/stream/*``, ``time/trainer_idle_frac`` (1 − trainer busy / step)
 and ``time/rollout_idle_frac`` (share of the step with no episode running).
 
-The config (:mod:`agentrl.train_config`, re-exported here) makes the trainer score tokens at the rollout's
+The config (:mod:`agentrl.controller.config`, re-exported here) makes the trainer score tokens at the rollout's
 temperature. Every step's metrics line lists the tasks it trained (``tasks``); checkpoints record the tasks opened
 but not yet trained, and a resumed run replays those first, so across a crash every task is trained exactly once.
 
@@ -36,7 +36,7 @@ and RNG, the engine receives those weights at that version, metrics lines of lat
 admission count is restored to the trajectories trained so far, the tasks that were in flight are replayed, and
 training goes on at the next step, so no step or task is repeated or skipped.
 Trained trajectories and the trainer's log-prob records go to ``trajectories.jsonl`` and ``trainer_logprobs.jsonl``
-(:mod:`agentrl.runlog`, shown by ``agentrl view``); resuming drops their lines of later steps too.
+(:mod:`agentrl.controller.runlog`, shown by ``agentrl view``); resuming drops their lines of later steps too.
 """
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ import yaml
 from agentrl.config import ConfigError, to_dict
 from agentrl.inference.config import EngineConfig
 from agentrl.manager import EpisodeSpec
-from agentrl.runlog import TrajectoryLog
-from agentrl.schedule import ContinuousBatches, StreamedStep
-from agentrl.tail import BudgetPolicy, TailPlanner, TailRounds
-from agentrl.train_config import (DEMO_SEED_START, EVAL_SEED_START, EnvConfig, EvalConfig, TrainConfig,  # noqa: F401
+from agentrl.controller.runlog import TrajectoryLog
+from agentrl.controller.batches import ContinuousBatches, StreamedStep
+from agentrl.controller.tail import BudgetPolicy, TailPlanner, TailRounds
+from agentrl.controller.config import (DEMO_SEED_START, EVAL_SEED_START, EnvConfig, EvalConfig, TrainConfig,  # noqa: F401
                                   WarmStartConfig, load_config)
 from agentrl.trajectory import Group
 
@@ -137,7 +137,7 @@ async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, episodes: int)
     """Returns the mean reward, the share of episodes with reward > 0 and :func:`tool_metrics` of the engine's current
     policy on the first ``episodes`` held-out seeds (``EVAL_SEED_START + i``)."""
     from agentrl.manager import EnvManager
-    from agentrl.rollout import AgentLoopPolicy
+    from agentrl.agent.loop import AgentLoopPolicy
 
     if episodes == 0:
         return {}
@@ -160,7 +160,7 @@ async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer
     from agentrl.envs import mistakes_for, solver_for
     from agentrl.manager import EnvManager
     from agentrl.trainer.trainer import Trainer
-    from agentrl.warmstart import DemoPolicy, noisy
+    from agentrl.controller.warmstart import DemoPolicy, noisy
 
     ws = cfg.warm_start
     fn = noisy(solver_for(cfg.env.id), ws.noise_actions or mistakes_for(cfg.env.id), ws.noise, seed=cfg.seed)
@@ -295,8 +295,8 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
     from transformers import AutoTokenizer
 
     from agentrl.inference.config import make_engine
-    from agentrl.rollout import AgentLoopPolicy
-    from agentrl.trainer.group import create_trainer, stop_trainer
+    from agentrl.agent.loop import AgentLoopPolicy
+    from agentrl.trainer.dp_group import create_trainer, stop_trainer
 
     cfg.validate()  # a config built in Python skipped the loader's checks (and the derived trainer temperature)
     t_start = time.perf_counter()
@@ -375,7 +375,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
 
 
 def _batch_source(cfg: TrainConfig, mgr: Any, policy: Any, tasks: TaskLedger) -> Any:
-    """The step's batch source (:mod:`agentrl.schedule`): tail batching's rounds, or the manager's continuous run."""
+    """The step's batch source (:mod:`agentrl.controller.batches`): tail batching's rounds, or the manager's continuous run."""
     if cfg.tail_batching.enabled:
         t = cfg.tail_batching
         planner = TailPlanner(cfg.manager.num_groups, t.extra_prompts, t.length_budget)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from agentrl.core import Message
 from agentrl.inference.base import Generation
 from agentrl.policy import EpisodeMeta
-from agentrl.rollout import AgentLoopPolicy, AgentLoopSession, RolloutConfig
+from agentrl.agent.loop import AgentLoopPolicy, AgentLoopSession, RolloutConfig
 
 ActionFn = Callable[[list[Message], EpisodeMeta], str]
 MistakeFn = Callable[[list[Message], random.Random], str]

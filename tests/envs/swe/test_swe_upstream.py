@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 JINJA = "pallets__jinja-xmlattr-keys"
 MORE = "more-itertools__more-itertools-unsortable-permutations"
 
