@@ -21,7 +21,7 @@ import warnings
 from typing import Any
 
 import gymnasium
-from gymnasium.envs.registration import EnvSpec
+from gymnasium.envs.registration import EnvSpec, load_env_creator
 
 from agentrl.core import TimeLimit
 
@@ -77,6 +77,16 @@ def spec(id: str) -> EnvSpec:
     return gymnasium.registry[id]
 
 
+def load_entry_point(entry_point: Any) -> Any:
+    """The callable an entry point names: a ``"package.module:attr"`` string is imported with gymnasium's own
+    ``load_env_creator``; anything else is returned as it is. Raises ImportError, AttributeError or ValueError."""
+    if isinstance(entry_point, str):
+        if entry_point.count(":") != 1:
+            raise ValueError(f"entry point {entry_point!r} must be 'package.module:attr'")
+        return load_env_creator(entry_point)
+    return entry_point
+
+
 def make(id: str, **kwargs: Any) -> gymnasium.Env:
     """Instantiates the env registered as ``id`` with the registered kwargs updated by ``kwargs``.
 
@@ -85,13 +95,10 @@ def make(id: str, **kwargs: Any) -> gymnasium.Env:
     """
     s = spec(id)
     max_steps = kwargs.pop("max_episode_steps", s.max_episode_steps)
-    ep = s.entry_point
-    if isinstance(ep, str):
-        module, _, attr = ep.partition(":")
-        try:
-            ep = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise RegistrationError(f"cannot load entry point {s.entry_point!r} of {id!r}: {e}") from e
+    try:
+        ep = load_entry_point(s.entry_point)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise RegistrationError(f"cannot load entry point {s.entry_point!r} of {id!r}: {e}") from e
     env = ep(**{**s.kwargs, **kwargs})
     if getattr(env, "spec", None) is None:
         try:
@@ -108,11 +115,8 @@ def description(id: str) -> str:
     first line of its docstring (the class is imported)."""
     if id in _descriptions:
         return _descriptions[id]
-    ep = spec(id).entry_point
     try:
-        if isinstance(ep, str):
-            module, _, attr = ep.partition(":")
-            ep = getattr(importlib.import_module(module), attr)
+        ep = load_entry_point(spec(id).entry_point)
         text = getattr(ep, "description", "") or (ep.__doc__ or "")
     except Exception as e:  # a broken plugin must not break the listing
         return f"<cannot import: {e}>"

@@ -215,7 +215,7 @@ async def run_gateway(engine, tok, args, tag: str) -> dict:
 
 async def main_async(args) -> dict:
     from agentrl.chat import load_tokenizer
-    from agentrl.inference.config import EngineConfig, make_engine
+    from agentrl.inference import EngineConfig, make_engine
     from agentrl.models import ensure_tiny_model
 
     model = args.model or str(ensure_tiny_model())

@@ -148,7 +148,7 @@ async def loop_run(engine, tok, args, tag: str) -> dict:
 async def main_async(args) -> dict:
     from transformers import AutoTokenizer
 
-    from agentrl.inference.config import EngineConfig, make_engine
+    from agentrl.inference import EngineConfig, make_engine
     from agentrl.models import ensure_tiny_model
 
     model = args.model or str(ensure_tiny_model())

@@ -119,7 +119,7 @@ async def run_queue(engine, prompts, lens, params_for, reward: Reward, keep: int
 
 async def main_async(args) -> dict:
     from agentrl.inference.base import SamplingParams
-    from agentrl.inference.config import EngineConfig, make_engine
+    from agentrl.inference import EngineConfig, make_engine
     from agentrl.models import ensure_tiny_model
     from transformers import AutoTokenizer
 

@@ -26,14 +26,13 @@ This module is imported by ``import agentrl``: it must stay light (the env modul
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any, Callable
 
 import gymnasium
 
 from agentrl.envs.bfcl.categories import registrations as bfcl_registrations
-from agentrl.registration import register, spec
+from agentrl.registration import load_entry_point, register, spec
 
 BUILTINS: dict[str, dict[str, Any]] = {
     "agentrl/FrozenLake-v0": {
@@ -85,10 +84,7 @@ def solver_for(env_id: str) -> Callable[[list[dict[str, Any]]], str]:
 
     Raises ``agentrl.RegistrationError`` for an unknown id and ``LookupError`` if the class has no ``solve``.
     """
-    entry_point = spec(env_id).entry_point
-    if isinstance(entry_point, str):
-        module, _, attr = entry_point.partition(":")
-        entry_point = getattr(importlib.import_module(module), attr)
+    entry_point = load_entry_point(spec(env_id).entry_point)
     if inspect.isclass(entry_point):  # an instance method needs the episode: not a solver of the conversation
         ok = isinstance(inspect.getattr_static(entry_point, "solve", None), staticmethod)
     else:
@@ -105,10 +101,7 @@ def mistakes_for(env_id: str) -> Callable[[list[dict[str, Any]], Any], str]:
 
     Raises ``agentrl.RegistrationError`` for an unknown id and ``LookupError`` if the class has no ``mistake``.
     """
-    entry_point = spec(env_id).entry_point
-    if isinstance(entry_point, str):
-        module, _, attr = entry_point.partition(":")
-        entry_point = getattr(importlib.import_module(module), attr)
+    entry_point = load_entry_point(spec(env_id).entry_point)
     mistake = getattr(entry_point, "mistake", None)
     if not callable(mistake):
         raise LookupError(f"env {env_id!r} ({entry_point!r}) has no scripted mistakes (a callable 'mistake' attribute)")

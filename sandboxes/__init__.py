@@ -86,6 +86,7 @@ from .base import (
 from .build import build_image, rootfs_path
 from .bwrap import BwrapSandbox, bwrap_available
 from .docker import DockerSandbox, docker_available
+from .factory import create_sandbox
 from .pool import SandboxPool, TokenBucket
 from .sweep import SweepReport, sweep
 
@@ -111,12 +112,3 @@ __all__ = [
     "run_id",
     "sweep",
 ]
-
-
-def create_sandbox(spec: SandboxSpec, *, run: str | None = None) -> Sandbox:
-    """The sandbox for ``spec.backend`` (not started yet). ``run`` overrides this process's run label."""
-    if spec.backend == "docker":
-        return DockerSandbox(spec, run=run)
-    if spec.backend == "bwrap":
-        return BwrapSandbox(spec, run=run)
-    raise ValueError(f"SandboxSpec.backend must be 'docker' or 'bwrap', got {spec.backend!r}")

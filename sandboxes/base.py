@@ -24,15 +24,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 # The process-wide parts, re-exported: backends and tools import them from here.
-from .lifecycle import (cleanup_all, default_run_id, driver_tag, install_exit_hooks, register_live,  # noqa: F401
-                        run_id, state_root, to_thread, unregister_live)
+from .lifecycle import (LABEL_DRIVER, LABEL_EXPIRES, LABEL_RUN, LABEL_SANDBOX, cleanup_all, default_run_id,  # noqa: F401
+                        driver_tag, install_exit_hooks, register_live, run_id, state_root, to_thread,
+                        unregister_live)
 from .wrappers import WIPE_SCRIPT
 
 BACKENDS = ("docker", "bwrap")
-LABEL_RUN = "agentrl.run"
-LABEL_SANDBOX = "agentrl.sandbox"
-LABEL_EXPIRES = "agentrl.expires"
-LABEL_DRIVER = "agentrl.driver"  # "<hostname>:<pid>" of the process that created it
 DEFAULT_USER = (1000, 1000)
 # The uid of the docker TTL process (the container's main process): no sandbox user may have it, so no command can
 # signal or trace the dead-man timer (signals need the same uid or CAP_KILL, and every capability is dropped).

@@ -25,9 +25,6 @@ no disk cap: weaker, and reported in ``BwrapSandbox.limits``.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
-import errno
 import os
 import secrets
 import shutil
@@ -52,6 +49,7 @@ from .base import (
     unregister_live,
 )
 from .wrappers import TIMEOUT_EXIT, check_timeout, command_string, done_code, wrap_command
+from .bwrap_state import mount_tmpfs, release_state, release_state_mounts, safe_name
 from .cgroups import Cgroup, cgroup_mode
 
 # Slack after the command's end or its timeout for bwrap to exit and its pipes to close.
@@ -82,40 +80,6 @@ def bwrap_available() -> tuple[bool, str]:
         return False, f"bwrap failed: {p.stderr.decode(errors='replace').strip()}"
     v = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
     return True, v
-
-
-# host mounts ----------------------------------------------------------------------------------------------------
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
-
-
-def mount_tmpfs(target: Path, size_mb: int, mode: int, uid: int) -> None:
-    """Mount a tmpfs of ``size_mb`` MiB owned by ``uid`` on ``target``. Raises OSError."""
-    opts = f"size={size_mb}m,mode={mode:o},uid={uid},gid={uid}".encode()
-    if _libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"mount tmpfs on {target}: {os.strerror(e)}")
-
-
-def _umount(path: Path) -> None:
-    """Detach the mount on ``path`` (lazily: a process still in it cannot keep it); nothing mounted there is fine.
-    Raises OSError otherwise."""
-    if _libc.umount2(str(path).encode(), MNT_DETACH) != 0:
-        e = ctypes.get_errno()
-        if e not in (errno.EINVAL, errno.ENOENT):  # EINVAL: not a mount point
-            raise OSError(e, f"umount {path}: {os.strerror(e)}")
-
-
-def release_state(state_dir: Path) -> None:
-    """Unmount a sandbox's tmpfs mounts and remove its state dir. Raises OSError when a mount cannot be removed
-    (then nothing is deleted through it)."""
-    for sub in ("work", "tmp"):
-        _umount(state_dir / sub)
-    shutil.rmtree(state_dir, ignore_errors=True)
-    try:
-        state_dir.parent.rmdir()  # the run's dir, once its last sandbox is gone
-    except OSError:
-        pass
 
 
 # the sandbox -----------------------------------------------------------------------------------------------------
@@ -168,7 +132,7 @@ class BwrapSandbox(Sandbox):
 
     def __init__(self, spec: SandboxSpec, *, run: str | None = None):
         super().__init__(spec, run=run)
-        self.state_dir = state_root() / _safe(self.run_id) / self.id
+        self.state_dir = state_root() / safe_name(self.run_id) / self.id
         self.cgroup: Cgroup | None = None
         self.limits = "none"
         self.isolation = ""
@@ -229,7 +193,7 @@ class BwrapSandbox(Sandbox):
             os.chmod(self.state_dir / "tmp", 0o1777)
             mode = cgroup_mode()
             if mode != "none":
-                self.cgroup = Cgroup(mode, _safe(self.run_id), self.id)
+                self.cgroup = Cgroup(mode, safe_name(self.run_id), self.id)
                 self.cgroup.create(spec.memory_mb << 20, spec.pids, spec.cpus)
                 self.limits = f"cgroup-{mode}{disk}"
             else:
@@ -499,22 +463,9 @@ class BwrapSandbox(Sandbox):
         return self.cgroup.memory_bytes() if self.cgroup else None
 
 
-def release_state_mounts(state_dir: Path) -> None:
-    """Unmount whatever of a state dir's tmpfs mounts got mounted (a failed create)."""
-    for sub in ("work", "tmp"):
-        try:
-            _umount(state_dir / sub)
-        except OSError:
-            pass
-
-
 def _kill(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is None:
         try:
             proc.kill()
         except ProcessLookupError:
             pass
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

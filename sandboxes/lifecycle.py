@@ -20,6 +20,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .base import Sandbox
 
+# Labels every sandbox carries (docker labels; bwrap's meta file), read by the sweep of what crashed drivers left.
+LABEL_RUN = "agentrl.run"
+LABEL_SANDBOX = "agentrl.sandbox"
+LABEL_EXPIRES = "agentrl.expires"
+LABEL_DRIVER = "agentrl.driver"  # "<hostname>:<pid>" of the process that created it
+
 
 def default_run_id() -> str:
     """``$AGENTRL_RUN_ID`` or a fresh ``<host>-<pid>-<rand>`` id; all sandboxes of this process carry it."""

@@ -108,7 +108,7 @@ class SandboxPool:
         return merge([r for r in done if isinstance(r, SweepReport)])
 
     async def _new(self, spec: SandboxSpec) -> Sandbox:
-        from . import create_sandbox
+        from .factory import create_sandbox
 
         attempt = 0
         while True:

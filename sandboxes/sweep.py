@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import LABEL_DRIVER, LABEL_EXPIRES, LABEL_RUN, LABEL_SANDBOX, state_root, to_thread
+from .lifecycle import LABEL_DRIVER, LABEL_EXPIRES, LABEL_RUN, LABEL_SANDBOX, state_root, to_thread
 
 log = logging.getLogger("agentrl.sandboxes")
 
@@ -61,7 +61,7 @@ def sweep_docker(
     import docker
 
     report = report or SweepReport()
-    from .docker import docker_client
+    from .docker_engine import docker_client
 
     client = docker_client()
     label = f"{LABEL_RUN}={run}" if run else LABEL_RUN
@@ -93,12 +93,12 @@ def _read_meta(path: Path) -> dict[str, str]:
 def sweep_bwrap(
     run: str | None = None, *, everything: bool = False, report: SweepReport | None = None
 ) -> SweepReport:
-    from .bwrap import release_state, _safe
+    from .bwrap_state import release_state, safe_name
     from .cgroups import CGROUP_ROOT, V1_CONTROLLERS, Cgroup
 
     report = report or SweepReport()
     root = state_root()
-    runs = [root / _safe(run)] if run else (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
+    runs = [root / safe_name(run)] if run else (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
     for run_dir in runs:
         if not run_dir.is_dir():
             continue
@@ -129,7 +129,7 @@ def sweep_bwrap(
         if not base.is_dir():
             continue
         for run_cg in base.iterdir():
-            if not run_cg.is_dir() or (run and run_cg.name != _safe(run)):
+            if not run_cg.is_dir() or (run and run_cg.name != safe_name(run)):
                 continue
             for sb_cg in run_cg.iterdir():
                 if sb_cg.is_dir() and not (root / run_cg.name / sb_cg.name).exists():
@@ -152,7 +152,7 @@ def sweep(
     """Remove leftovers of both backends (see the module docstring for what counts). Returns what went."""
     report = SweepReport()
     if docker:
-        from .docker import docker_available
+        from .docker_engine import docker_available
 
         ok, why = docker_available()
         if ok:

@@ -91,7 +91,7 @@ async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, e
     from agentrl.chat import load_tokenizer
     from agentrl.config import from_dict
     from agentrl.gateway.server import Gateway
-    from agentrl.inference.config import EngineConfig, make_engine
+    from agentrl.inference import EngineConfig, make_engine
 
     if not cfg.gateway.out:
         cfg.gateway.out = "gateway-sessions.jsonl"  # a command-line server keeps every ended session somewhere

@@ -103,7 +103,7 @@ async def run(cfg: RolloutRunConfig, engine: Any = None) -> int:
 
     from agentrl.chat import load_tokenizer
     from agentrl.config import from_dict
-    from agentrl.inference.config import EngineConfig, make_engine
+    from agentrl.inference import EngineConfig, make_engine
     from agentrl.manager import EnvManager, EpisodeSpec
     from agentrl.registration import RegistrationError
     from agentrl.registration import spec as env_spec

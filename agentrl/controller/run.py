@@ -294,7 +294,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
     import ray
     from transformers import AutoTokenizer
 
-    from agentrl.inference.config import make_engine
+    from agentrl.inference.factory import make_engine
     from agentrl.agent.loop import AgentLoopPolicy
     from agentrl.trainer.dp_group import create_trainer, stop_trainer
 

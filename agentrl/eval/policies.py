@@ -91,7 +91,7 @@ def build_policy(cfg: PolicyConfig, kwargs_by_env: dict[str, dict[str, Any]] | N
         return BuiltPolicy(_DispatchPolicy(oracle_policy_for, kwargs_by_env or {}))
     if cfg.kind == "empty":
         return BuiltPolicy(_DispatchPolicy(empty_policy_for, kwargs_by_env or {}))
-    from agentrl.inference.config import EngineConfig, make_engine
+    from agentrl.inference import EngineConfig, make_engine
     from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
 
     rollout = from_dict(RolloutConfig, cfg.rollout, "policy.rollout")

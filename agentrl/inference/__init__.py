@@ -5,6 +5,7 @@ trainer-side broadcast through vLLM's weight-transfer API (:mod:`.weight_transfe
 not import vLLM."""
 
 from agentrl.inference.base import FinishReason, Generation, InferenceEngine, SamplingParams
-from agentrl.inference.config import WORKER_EXTENSION, EngineConfig, make_engine
+from agentrl.inference.config import WORKER_EXTENSION, EngineConfig
+from agentrl.inference.factory import make_engine
 
 __all__ = ["EngineConfig", "FinishReason", "Generation", "InferenceEngine", "SamplingParams", "WORKER_EXTENSION", "make_engine"]

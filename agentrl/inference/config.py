@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentrl.inference.base import InferenceEngine
 
 WORKER_EXTENSION = "agentrl.inference.vllm_worker.WeightSyncExtension"
 
@@ -148,22 +147,3 @@ class EngineConfig:
         if self.model in VARIANTS:
             return str(ensure_tiny_model(variant=self.model))
         return self.model
-
-
-def make_engine(cfg: EngineConfig) -> InferenceEngine:
-    """Builds the backend ``cfg.backend`` names. vLLM engines start here (tens of seconds on the CPU); call
-    ``await engine.close()`` when done. Raises ``ValueError`` for an invalid config, and
-    :class:`~agentrl.inference.placement.ResourceError` when Ray cannot host ``replicas`` (before any model
-    loads)."""
-    cfg.validate()
-    if cfg.uses_replica_actors():
-        from agentrl.inference.replicas import ReplicatedEngine
-
-        return ReplicatedEngine(cfg)
-    if cfg.backend == "vllm":
-        from agentrl.inference.vllm_engine import VLLMEngine
-
-        return VLLMEngine(cfg)
-    from agentrl.inference.remote import RemoteEngine
-
-    return RemoteEngine.from_config(cfg)

@@ -76,15 +76,14 @@ def make_env(env_id: str, env_kwargs: dict[str, Any]) -> Any:
     point called with ``env_kwargs``."""
     import gymnasium
 
-    import agentrl
+    from agentrl.registration import load_entry_point, make
 
     if env_id in gymnasium.registry:
-        return agentrl.make(env_id, **env_kwargs)
-    if ":" in env_id:
-        module, _, attr = env_id.partition(":")
-        if module and attr and "/" not in module:
-            return getattr(importlib.import_module(module), attr)(**env_kwargs)
-    return agentrl.make(env_id, **env_kwargs)  # raises RegistrationError with close-match hints
+        return make(env_id, **env_kwargs)
+    module, sep, attr = env_id.partition(":")
+    if sep and module and attr and "/" not in module:
+        return load_entry_point(env_id)(**env_kwargs)
+    return make(env_id, **env_kwargs)  # raises RegistrationError with close-match hints
 
 
 def check_messages(obs: Any, where: str) -> list[Message]:

@@ -141,16 +141,16 @@ def _render(messages: list[dict], tools: list[dict] | None = None) -> str:
 def _env_texts(max_per_env: int = 8, skip: tuple[str, ...] = ()) -> Iterator[str]:
     """Reset observations of the registered built-in envs but ``skip`` (best effort; skips any env that fails)."""
     try:
-        import agentrl
+        from agentrl.registration import make, registered_ids
     except Exception:
         return
-    for env_id in sorted(agentrl.registered_ids()):
+    for env_id in sorted(registered_ids()):
         # Built-in envs only; SWE envs start sandboxes on reset, which a model build must not do.
         if not env_id.startswith("agentrl/") or "swe" in env_id.lower() or env_id in skip:
             continue
         for seed in range(max_per_env):
             try:
-                env = agentrl.make(env_id)
+                env = make(env_id)
                 try:
                     obs, _ = env.reset(seed=seed)
                 finally:
@@ -191,7 +191,7 @@ def episode_texts(env_id: str, episodes: int, seed: int = 0, mistake_rate: float
     included when the env gives them): its scripted solver plays, with a fraction ``mistake_rate`` of the turns
     replaced by the env's scripted mistakes when it has them. For a tokenizer specialised on one env: its markup,
     words, names and tool calls become few tokens each."""
-    import agentrl
+    from agentrl.registration import make
     from agentrl.envs import mistakes_for, solver_for
     from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -203,7 +203,7 @@ def episode_texts(env_id: str, episodes: int, seed: int = 0, mistake_rate: float
     except LookupError:
         mistake = None
     rng = random.Random(seed)
-    env = agentrl.make(env_id)
+    env = make(env_id)
     texts = []
     try:
         for i in range(episodes):

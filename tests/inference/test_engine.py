@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.inference.base import SamplingParams
-from agentrl.inference.config import EngineConfig, make_engine
+from agentrl.inference import EngineConfig, make_engine
 
 pytestmark = pytest.mark.engine
 

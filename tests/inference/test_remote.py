@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.inference.base import SamplingParams
-from agentrl.inference.config import WORKER_EXTENSION, EngineConfig, make_engine
+from agentrl.inference import WORKER_EXTENSION, EngineConfig, make_engine
 from agentrl.inference.remote import RemoteEngine, RemoteEngineError, versions_from_spans
 
 

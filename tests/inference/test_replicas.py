@@ -28,7 +28,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def eng(tiny_model_dir):
-    from agentrl.inference.config import EngineConfig, make_engine
+    from agentrl.inference import EngineConfig, make_engine
     from agentrl.inference.replicas import ReplicatedEngine
 
     e = make_engine(EngineConfig(model=str(tiny_model_dir), replicas=2, weight_sync="gloo", max_model_len=1024,
