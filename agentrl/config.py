@@ -121,7 +121,9 @@ def _build(cls: type[T], data: dict[str, Any], path: str, src: str) -> T:
         sub = f"{path}.{key}" if path else str(key)
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            # A dataclass may name keys that live elsewhere: ``CONFIG_HINTS = {"key": "where it is set"}``.
+            moved = getattr(cls, "CONFIG_HINTS", {}).get(key)
+            hint = f" ({moved})" if moved else f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"{src}: {sub}: unknown key{hint}; {cls.__name__} has {', '.join(fields)}")
         kwargs[key] = _convert(value, hints[key], sub, src)
     for name, f in fields.items():

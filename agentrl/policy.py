@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.core import Message
+from agentrl.trajectory import TokenTape
 
 
 @dataclass
@@ -37,16 +38,12 @@ class Action:
 
 
 @dataclass
-class TokenRecord:
+class TokenRecord(TokenTape):
     """The token-level part of a trajectory (see :mod:`agentrl.trajectory` for the invariants). ``segments``: the
     lengths of the training samples ``token_ids`` is split into (empty: one). ``info``: per-episode counters the
     trajectory's ``info`` gets."""
 
-    token_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    prompt_len: int
+    prompt_len: int = 0
     segments: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 

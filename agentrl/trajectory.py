@@ -17,11 +17,72 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 TerminationReason = Literal["terminated", "truncated", "error", "cancelled"]
 TERMINATION_REASONS: tuple[str, ...] = ("terminated", "truncated", "error", "cancelled")
+
+
+def check_aligned(token_ids: list[int], loss_mask: list[int], logprobs: list[float], versions: list[int],
+                  who: str) -> None:
+    """Raises ``ValueError`` (naming ``who``) unless the four per-token arrays hold the invariants of the module
+    docstring; generated tokens must also have a finite log-prob (a NaN from an engine run past its limits would
+    poison every ratio it enters)."""
+    n = len(token_ids)
+    for name, arr in (("loss_mask", loss_mask), ("logprobs", logprobs), ("versions", versions)):
+        if len(arr) != n:
+            raise ValueError(f"{who}: len({name})={len(arr)} != len(token_ids)={n}")
+    for i, (m, v, lp) in enumerate(zip(loss_mask, versions, logprobs)):
+        if m not in (0, 1):
+            raise ValueError(f"{who}: loss_mask[{i}]={m} is not 0/1")
+        if m == 1 and v < 0:
+            raise ValueError(f"{who}: generated token {i} has no policy version")
+        if m == 1 and not math.isfinite(lp):
+            raise ValueError(f"{who}: generated token {i} has a non-finite log-prob ({lp})")
+        if m == 0 and v != -1:
+            raise ValueError(f"{who}: non-generated token {i} has version {v} (must be -1)")
+
+
+@dataclass
+class TokenTape:
+    """The one home of the four aligned per-token arrays while they are being recorded (the agent loop's session,
+    a gateway segment, a policy's token record); :class:`Trajectory` stores them. Appending keeps them aligned:
+    :meth:`add_fixed` for tokens the policy did not sample (prompt, template, env messages), :meth:`add_generated`
+    for sampled ones, refused unless every token has a version and a finite log-prob."""
+
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def add_fixed(self, ids: list[int]) -> None:
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
+
+    def add_generated(self, token_ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+        n = len(token_ids)
+        if len(logprobs) != n or len(versions) != n:
+            raise ValueError(f"misaligned generation: {n} tokens, {len(logprobs)} logprobs, {len(versions)} versions")
+        if any(v < 0 for v in versions):
+            raise ValueError(f"a generated token without a version: {versions!r:.200}")
+        bad = [i for i, x in enumerate(logprobs) if not math.isfinite(x)]
+        if bad:
+            raise ValueError(f"generated token {bad[0]} has a non-finite log-prob ({logprobs[bad[0]]}): the engine "
+                             f"sampled outside its valid range (e.g. past the model's positions)")
+        self.token_ids += token_ids
+        self.loss_mask += [1] * n
+        self.logprobs += [float(x) for x in logprobs]
+        self.versions += [int(v) for v in versions]
+
+    def check(self, who: str = "tokens") -> None:
+        check_aligned(self.token_ids, self.loss_mask, self.logprobs, self.versions, who)
 
 
 @dataclass
@@ -56,16 +117,7 @@ class Trajectory:
     def validate(self) -> None:
         """Raises ``ValueError`` if the token-level fields break the alignment invariants."""
         n = len(self.token_ids)
-        for name in ("loss_mask", "logprobs", "versions"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"trajectory {self.id}: len({name})={len(getattr(self, name))} != len(token_ids)={n}")
-        for i, (m, v) in enumerate(zip(self.loss_mask, self.versions)):
-            if m not in (0, 1):
-                raise ValueError(f"trajectory {self.id}: loss_mask[{i}]={m} is not 0/1")
-            if m == 1 and v < 0:
-                raise ValueError(f"trajectory {self.id}: generated token {i} has no policy version")
-            if m == 0 and v != -1:
-                raise ValueError(f"trajectory {self.id}: non-generated token {i} has version {v} (must be -1)")
+        check_aligned(self.token_ids, self.loss_mask, self.logprobs, self.versions, f"trajectory {self.id}")
         if self.segments and (sum(self.segments) != n or any(s < 1 for s in self.segments)):
             raise ValueError(f"trajectory {self.id}: segments {self.segments!r:.100} must be positive lengths "
                              f"summing to len(token_ids)={n}")

@@ -123,6 +123,9 @@ def userns_flags() -> list[str]:
 class BwrapSandbox(Sandbox):
     """A sandbox made of a host state dir (work dir + /tmp) and a cgroup; each exec is one bwrap process.
 
+    One idea: the :class:`Sandbox` contract on bubblewrap. Creation, the exec argv and teardown share the state dir
+    and cgroup's lifetime; the host mounts it needs live in :mod:`.bwrap_state`, limits in :mod:`.cgroups`.
+
     ``limits``: how limits are enforced, e.g. "cgroup-v1+tmpfs" (root) or "rlimit" (no cgroups, no disk cap).
     ``isolation``: the hardening in force beyond namespaces, e.g. "seccomp+no-userns" (each part is dropped, with a
     warning, where the host lacks it: libseccomp, a bwrap with ``--disable-userns``).

@@ -67,6 +67,9 @@ _WARNED_FALLBACK = False
 class DockerSandbox(Sandbox):
     """A sandbox backed by one Docker container. See the module docstring for the container's settings.
 
+    One idea: the :class:`Sandbox` contract on one container; creation, exec streams and the reaper act on the same
+    container and its cgroup (the daemon client lives in :mod:`.docker_engine`, limits in :mod:`.cgroups`).
+
     ``reaper``: "host-cgroup" (the driver kills each exec's cgroup) or "in-sandbox" (the weaker fallback).
     """
 

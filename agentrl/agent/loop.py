@@ -45,14 +45,15 @@ One :class:`AgentLoopSession` per episode keeps the trajectory's token ids acros
 from __future__ import annotations
 
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.chat import ChatConfig, ChatRenderer, Continuation, TemplateError, canonical_text
 from agentrl.core import Message
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
+from agentrl.inference.resubmit import ResubmitError, derive_seed, generate_resubmitting
 from agentrl.policy import Action, EpisodeMeta, Policy, PolicySession, TokenRecord
+from agentrl.trajectory import TokenTape
 
 _ROLES = ("system", "user", "assistant", "tool")
 ChatTokens = ChatRenderer  # the name this class had before it moved to agentrl.chat
@@ -139,10 +140,6 @@ def _check_messages(messages: Any) -> list[Message]:
     return out
 
 
-def _derive_seed(base: int, *parts: Any) -> int:
-    return zlib.crc32(repr((base,) + parts).encode()) & 0x7FFFFFFF
-
-
 class AgentLoopSession(PolicySession):
     """One episode's token-level state (see the module docstring for the rules).
 
@@ -162,10 +159,7 @@ class AgentLoopSession(PolicySession):
         self.cfg = policy.cfg
         self.chat: ChatRenderer = policy.chat
         self.messages: list[Message] = []  # as the template reads them (structured assistant turns)
-        self.token_ids: list[int] = []
-        self.loss_mask: list[int] = []
-        self.logprobs: list[float] = []
-        self.versions: list[int] = []
+        self.tape = TokenTape()  # the trajectory's aligned token arrays so far
         self.prompt_len = 0
         self.turns = 0
         self.stats: dict[str, float] = {"requests": 0, "resubmits": 0, "generate_s": 0.0, "drift_handover": 0,
@@ -184,36 +178,38 @@ class AgentLoopSession(PolicySession):
         self.max_new_tokens: int | None = None
 
     # -- token bookkeeping ----------------------------------------------------------------------------------------
+    @property
+    def token_ids(self) -> list[int]:
+        return self.tape.token_ids
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return self.tape.loss_mask
+
+    @property
+    def logprobs(self) -> list[float]:
+        return self.tape.logprobs
+
+    @property
+    def versions(self) -> list[int]:
+        return self.tape.versions
+
     def _append_fixed(self, ids: list[int]) -> None:
-        self.token_ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.versions += [-1] * len(ids)
+        self.tape.add_fixed(ids)
 
     def _append_generated(self, gen: Generation) -> None:
-        n = len(gen.token_ids)
-        if len(gen.logprobs) != n or len(gen.versions) != n:
-            raise ValueError(
-                f"engine returned misaligned generation: {n} tokens, {len(gen.logprobs)} logprobs, "
-                f"{len(gen.versions)} versions"
-            )
-        if any(v < 0 for v in gen.versions):
-            raise ValueError(f"engine returned a generated token without a version: {gen.versions!r:.200}")
-        self.token_ids += gen.token_ids
-        self.loss_mask += [1] * n
-        self.logprobs += [float(x) for x in gen.logprobs]
-        self.versions += [int(v) for v in gen.versions]
+        self.tape.add_generated(gen.token_ids, gen.logprobs, gen.versions)
 
     def token_record(self) -> TokenRecord:
-        segments = self._segments + [len(self.token_ids) - self._seg_start] if self._segments else []
+        segments = self._segments + [len(self.tape.token_ids) - self._seg_start] if self._segments else []
         info = {f"chat/{k}": self.stats[k] for k in ("drift_handover", "drift_env", "segments", "tool_parse_errors")}
         if self.drifts:
             info["chat/drifts"] = list(self.drifts[-8:])
         return TokenRecord(
-            token_ids=list(self.token_ids),
-            loss_mask=list(self.loss_mask),
-            logprobs=list(self.logprobs),
-            versions=list(self.versions),
+            token_ids=list(self.tape.token_ids),
+            loss_mask=list(self.tape.loss_mask),
+            logprobs=list(self.tape.logprobs),
+            versions=list(self.tape.versions),
             prompt_len=self.prompt_len,
             segments=segments,
             info=info,
@@ -273,13 +269,13 @@ class AgentLoopSession(PolicySession):
         c, convo = self._next_prompt(msgs)
         new_segment = c.kind == "drift"
         closing_ids = self._closing[1]
-        used = 0 if new_segment else len(self.token_ids) - self._seg_start
+        used = 0 if new_segment else len(self.tape.token_ids) - self._seg_start
         room = self.policy.max_context_tokens - used - len(c.ids) - len(closing_ids)
         if room < 1:
             return Action(text="", finish_reason="max_context", context_exhausted=True)
         if new_segment:
-            self._segments.append(len(self.token_ids) - self._seg_start)
-            self._seg_start = len(self.token_ids)
+            self._segments.append(len(self.tape.token_ids) - self._seg_start)
+            self._seg_start = len(self.tape.token_ids)
             self.stats["segments"] += 1
             self._text = c.text
         else:
@@ -287,11 +283,11 @@ class AgentLoopSession(PolicySession):
         self._append_fixed(c.ids)
         self.messages = convo
         if self.turns == 0:
-            self.prompt_len = len(self.token_ids)
+            self.prompt_len = len(self.tape.token_ids)
         prompt_render = c.rendered or self._text
         gen_prefix = "" if self.chat.family.tool_parser == "agentrl" else self.chat.generation_prefix(self._text)
 
-        context = self.token_ids[-4:]
+        context = self.tape.token_ids[-4:]
         limit = min(self.cfg.max_tokens_per_turn, room)
         if self.max_new_tokens is not None:
             limit = max(1, min(limit, self.max_new_tokens))
@@ -324,45 +320,28 @@ class AgentLoopSession(PolicySession):
         )
 
     async def _generate(self, max_tokens: int) -> Generation:
-        """Returns this turn's tokens; aborted requests are resubmitted with the tokens so far."""
-        engine = self.policy.engine
-        prompt = self.token_ids[self._seg_start:]
-        out = Generation(token_ids=[], logprobs=[], versions=[], finish_reason="length")
-        attempt = 0
+        """Returns this turn's tokens; aborted requests are resubmitted with the tokens so far
+        (:func:`agentrl.inference.resubmit.generate_resubmitting`)."""
+        tid, turn = self.meta.trajectory_id, self.turns
         t0 = time.perf_counter()
-        try:
-            while True:
-                remaining = max_tokens - len(out.token_ids)
-                if remaining <= 0:
-                    out.finish_reason = "length"
-                    return out
-                seed = None
-                if self.cfg.seed is not None:
-                    seed = _derive_seed(self.cfg.seed, self.meta.trajectory_id, self.turns, attempt)
-                params = self.cfg.sampling_params(remaining, seed)
-                rid = f"{self.meta.trajectory_id}-t{self.turns}-r{attempt}"
-                self._inflight = rid
+
+        def track(rid: str | None) -> None:
+            self._inflight = rid
+            if rid is not None:
                 self.stats["requests"] += 1
-                gen = await engine.generate(
-                    prompt + out.token_ids, params, request_id=rid, session_id=self.meta.trajectory_id
-                )
-                self._inflight = None
-                out.token_ids += gen.token_ids
-                out.logprobs += gen.logprobs
-                out.versions += gen.versions
-                out.finish_reason, out.stop_reason = gen.finish_reason, gen.stop_reason
-                if gen.finish_reason != "abort" or self._closed:
-                    return out
-                attempt += 1
-                self.stats["resubmits"] += 1
-                if attempt > self.cfg.max_resubmits:
-                    raise RuntimeError(
-                        f"trajectory {self.meta.trajectory_id} turn {self.turns}: request aborted "
-                        f"{attempt} times (max_resubmits={self.cfg.max_resubmits})"
-                    )
+
+        try:
+            out, resubmits = await generate_resubmitting(
+                self.policy.engine, self.tape.token_ids[self._seg_start:], self.cfg.sampling_params(max_tokens, None),
+                request_id=lambda a: f"{tid}-t{turn}-r{a}", session_id=tid, max_resubmits=self.cfg.max_resubmits,
+                seed=lambda a: derive_seed(self.cfg.seed, tid, turn, a), closed=lambda: self._closed,
+                on_request=track)
+        except ResubmitError as e:
+            raise RuntimeError(f"trajectory {tid} turn {turn}: {e}") from None
         finally:
-            self._inflight = None
             self.stats["generate_s"] += time.perf_counter() - t0
+        self.stats["resubmits"] += resubmits
+        return out
 
     async def aclose(self) -> None:
         self._closed = True

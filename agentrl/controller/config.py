@@ -4,12 +4,13 @@ the cross-checks that keep the trainer scoring tokens under the distribution the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.inference.config import EngineConfig
-from agentrl.manager import ManagerConfig
+from agentrl.manager import EpisodeConfig, ManagerConfig
 from agentrl.agent.loop import RolloutConfig
 from agentrl.controller.runlog import TrajectoryLogConfig
 from agentrl.controller.tail import TailBatchingConfig
@@ -81,8 +82,10 @@ class TrainConfig:
     ``sync_every``: weights go to the engine every k steps (needs ``async_ratio >= k - 1``; admission counts the
     engine's version, so a lagging engine slows rollout down instead of producing stale work).
 
-    The trainer scores tokens with the distribution the engine sampled them from: ``trainer.temperature`` left at its
-    default (1.0) is set to ``rollout.temperature``, any other value must equal it; ``rollout.top_p`` must be 1 and
+    Each value has one owner; what follows from it is computed where it is used. The admission rule's α is
+    ``async_ratio`` and its batch ``num_groups * group_size`` (:meth:`manager_config`); the trainer scores tokens at
+    ``rollout.temperature`` (:meth:`trainer_config`: ``trainer.temperature`` left at its default 1.0 follows it, any
+    other value must equal it); ``rollout.top_p`` must be 1 and
     ``rollout.top_k`` off (the trainer's log-probs are of the full distribution), and ``rollout.temperature`` > 0.
 
     Schedulers (:mod:`agentrl.controller.batches`): ``tail_batching`` (RollPacker's short and long rounds, :mod:`agentrl.controller.tail`;
@@ -100,7 +103,7 @@ class TrainConfig:
     seed: int = 0
     engine: EngineConfig = field(default_factory=EngineConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    manager: ManagerConfig = field(default_factory=ManagerConfig)
+    manager: EpisodeConfig = field(default_factory=EpisodeConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -125,8 +128,6 @@ class TrainConfig:
             )
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
-        if self.manager.async_ratio is not None:
-            raise ValueError("set async_ratio at the top level, not manager.async_ratio")
         ws = self.warm_start
         if ws.episodes and ws.noise > 0 and not ws.noise_actions:
             from agentrl.envs import mistakes_for
@@ -136,10 +137,6 @@ class TrainConfig:
             except LookupError:
                 raise ValueError(f"warm_start.noise_actions must list the random actions when noise > 0 ({self.env.id} "
                                  f"has no scripted mistakes)") from None
-        m = self.manager
-        if m.batch_size is not None and m.batch_size != m.num_groups * m.group_size:
-            raise ValueError(f"manager.batch_size ({m.batch_size}) must be null or num_groups * group_size "
-                             f"({m.num_groups * m.group_size}): the trainer takes num_groups groups per step")
         self._check_sampling()
         self._check_schedulers()
 
@@ -171,12 +168,19 @@ class TrainConfig:
             raise ValueError(f"rollout.top_p ({r.top_p}) must be 1.0 and rollout.top_k ({r.top_k}) -1 for training: "
                              f"the trainer scores tokens under the full distribution, so a truncated sampler makes "
                              f"every importance weight wrong")
-        if t.temperature != r.temperature:
-            if t.temperature != 1.0:
-                raise ValueError(f"trainer.temperature ({t.temperature}) must equal rollout.temperature "
-                                 f"({r.temperature}): the trainer must score tokens at the temperature they were "
-                                 f"sampled at (leave trainer.temperature unset to derive it)")
-            t.temperature = r.temperature
+        if t.temperature not in (1.0, r.temperature):
+            raise ValueError(f"trainer.temperature ({t.temperature}) must equal rollout.temperature "
+                             f"({r.temperature}): the trainer must score tokens at the temperature they were "
+                             f"sampled at (leave trainer.temperature unset to derive it)")
+
+    def trainer_config(self) -> TrainerConfig:
+        """The trainer's config for this run: ``trainer`` scoring at ``rollout.temperature``."""
+        return dataclasses.replace(self.trainer, temperature=self.rollout.temperature)
+
+    def manager_config(self) -> ManagerConfig:
+        """The manager's config for this run: ``manager`` under the admission rule of ``async_ratio`` (none for
+        tail batching, whose rounds are on-policy by construction and over-provision prompts on purpose)."""
+        return ManagerConfig.of(self.manager, async_ratio=None if self.tail_batching.enabled else self.async_ratio)
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:

@@ -4,7 +4,7 @@ running concurrently, synchronous or asynchronous by one number.
 Per step ``v`` (the policy version; it equals the number of RL updates so far, in the trainer, the engine and the
 manager alike)::
 
-    manager ──groups──> controller ──train_step──> TrainerActor ──state dict──> engine.update_weights(v+1)
+    manager ──groups──> controller ──train_step──> TrainerActor ──weights──> engine (v+1)   (controller/weights.py)
        ▲                                                                              │
        └─────────────────────────── manager.set_version(v+1) ◄────────────────────────┘
 
@@ -57,6 +57,7 @@ from agentrl.config import ConfigError, to_dict
 from agentrl.inference.config import EngineConfig
 from agentrl.manager import EpisodeSpec
 from agentrl.controller.runlog import TrajectoryLog
+from agentrl.controller.weights import WeightSync
 from agentrl.controller.batches import ContinuousBatches, StreamedStep
 from agentrl.controller.tail import BudgetPolicy, TailPlanner, TailRounds
 from agentrl.controller.config import (DEMO_SEED_START, EVAL_SEED_START, EnvConfig, EvalConfig, TrainConfig,  # noqa: F401
@@ -136,15 +137,15 @@ def tool_metrics(trajs: list[Any]) -> dict[str, float]:
 async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, episodes: int) -> dict[str, float]:
     """Returns the mean reward, the share of episodes with reward > 0 and :func:`tool_metrics` of the engine's current
     policy on the first ``episodes`` held-out seeds (``EVAL_SEED_START + i``)."""
-    from agentrl.manager import EnvManager
+    from agentrl.manager import EnvManager, ManagerConfig
     from agentrl.agent.loop import AgentLoopPolicy
 
     if episodes == 0:
         return {}
     rcfg = cfg.rollout if cfg.eval.temperature is None else dataclasses.replace(cfg.rollout, temperature=cfg.eval.temperature)
     policy = AgentLoopPolicy(engine, tokenizer, rcfg)
-    mcfg = dataclasses.replace(cfg.manager, workers=0, async_ratio=None, num_groups=1, group_size=1,
-                               extra_groups=0, extra_per_group=0)
+    mcfg = ManagerConfig.of(dataclasses.replace(cfg.manager, workers=0, num_groups=1, group_size=1, extra_groups=0,
+                                                extra_per_group=0))
     specs = [EpisodeSpec(cfg.env.id, env_kwargs=dict(cfg.env.kwargs), seed=EVAL_SEED_START + i) for i in range(episodes)]
     async with EnvManager(mcfg, policy) as mgr:
         trajs = await mgr.run_episodes(specs)
@@ -158,22 +159,22 @@ async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer
     """Trains ``model_dir`` on noisy scripted demonstrations and saves the result under ``out_dir`` (atomically);
     returns the directory of the warm-started model."""
     from agentrl.envs import mistakes_for, solver_for
-    from agentrl.manager import EnvManager
+    from agentrl.manager import EnvManager, ManagerConfig
     from agentrl.trainer.trainer import Trainer
     from agentrl.controller.warmstart import DemoPolicy, noisy
 
     ws = cfg.warm_start
     fn = noisy(solver_for(cfg.env.id), ws.noise_actions or mistakes_for(cfg.env.id), ws.noise, seed=cfg.seed)
     policy = DemoPolicy(fn, tokenizer, cfg.rollout)
-    mcfg = dataclasses.replace(cfg.manager, workers=0, async_ratio=None, num_groups=1, group_size=1,
-                               extra_groups=0, extra_per_group=0)
+    mcfg = ManagerConfig.of(dataclasses.replace(cfg.manager, workers=0, num_groups=1, group_size=1, extra_groups=0,
+                                                extra_per_group=0))
     specs = [EpisodeSpec(cfg.env.id, env_kwargs=dict(cfg.env.kwargs), seed=DEMO_SEED_START + i) for i in range(ws.episodes)]
     async with EnvManager(mcfg, policy) as mgr:
         demos = [t for t in await mgr.run_episodes(specs) if t.termination != "error"]
     if not demos:
         raise RuntimeError("warm start: every demonstration episode failed")
     demo_reward = sum(t.reward for t in demos) / len(demos)
-    tcfg = dataclasses.replace(cfg.trainer, optimizer=dataclasses.replace(cfg.trainer.optimizer, lr=ws.lr, warmup_steps=0),
+    tcfg = dataclasses.replace(cfg.trainer_config(), optimizer=dataclasses.replace(cfg.trainer.optimizer, lr=ws.lr, warmup_steps=0),
                                loss=dataclasses.replace(cfg.trainer.loss, kl_coef=0.0))
     trainer = Trainer(tcfg, model_dir)
     import random
@@ -298,7 +299,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
     from agentrl.agent.loop import AgentLoopPolicy
     from agentrl.trainer.dp_group import create_trainer, stop_trainer
 
-    cfg.validate()  # a config built in Python skipped the loader's checks (and the derived trainer temperature)
+    cfg.validate()  # a config built in Python skipped the loader's checks
     t_start = time.perf_counter()
     files = RunFiles(cfg.run_dir)
     files.root.mkdir(parents=True, exist_ok=True)
@@ -330,7 +331,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
 
     from agentrl.inference.placement import cluster_has_gpus
 
-    trainer = create_trainer(cfg.trainer, start_model, num_cpus=cfg.trainer_num_cpus,
+    trainer = create_trainer(cfg.trainer_config(), start_model, num_cpus=cfg.trainer_num_cpus,
                              num_gpus=1 if trainer_gpu(cfg, cluster_has_gpus()) else 0)
     step0, history = 0, {}
     tasks = TaskLedger(cfg.env)
@@ -344,11 +345,13 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
                  len(state.get("open_tasks", [])))
 
     engine = make_engine(dataclasses.replace(cfg.engine, model=str(start_model)))
+    weights = WeightSync(trainer, engine)
     writer = None
     make_policy, policy = policy or AgentLoopPolicy, None
     try:
+        await weights.start()
         if step0 > 0:
-            await engine.update_weights(await trainer.state_dict_for_inference.remote(), step0)
+            await weights.push(step0)
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -358,7 +361,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
             log.info("held-out reward before RL: %.3f", history["eval_before"]["reward"])
 
         policy = make_policy(engine, tokenizer, cfg.rollout)
-        summary = await _loop(cfg, files, trainer, engine, policy, tasks, step0, history, writer, tokenizer)
+        summary = await _loop(cfg, files, trainer, engine, weights, policy, tasks, step0, history, writer, tokenizer)
         # This process's times (a resumed run counts from its restart): set-up + warm start + RL phase = wall_s.
         summary["wall_s"] = time.perf_counter() - t_start
         summary["warm_start_s"] = t_rl - t_warm
@@ -385,15 +388,14 @@ def _batch_source(cfg: TrainConfig, mgr: Any, policy: Any, tasks: TaskLedger) ->
     return src
 
 
-async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, policy: Any, tasks: TaskLedger,
-                step0: int, history: dict[str, Any], writer: Any, tokenizer: Any) -> dict[str, Any]:
+async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, weights: WeightSync, policy: Any,
+                tasks: TaskLedger, step0: int, history: dict[str, Any], writer: Any, tokenizer: Any) -> dict[str, Any]:
     """Steps ``step0 .. cfg.steps - 1``: takes each step's batch from the manager (due groups first, so no token is
     more than ``async_ratio`` versions old), trains, syncs weights, moves the manager's version, logs, checkpoints."""
-    from agentrl.manager import EnvManager
+    from agentrl.manager import EnvManager, ManagerConfig
 
     num_groups = cfg.manager.num_groups
-    # tail batching's rounds are on-policy by construction and over-provision groups admission would not let open
-    mcfg = dataclasses.replace(cfg.manager, async_ratio=None if cfg.tail_batching.enabled else cfg.async_ratio)
+    mcfg = cfg.manager_config()
     bar = None
     if cfg.progress:
         from tqdm import tqdm
@@ -432,8 +434,9 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                     trainer_busy = time.perf_counter() - t_got
                 t_trained = time.perf_counter()
                 version = step + 1
+                synced: dict[str, Any] = {}
                 if version % cfg.sync_every == 0 or version == cfg.steps:
-                    await engine.update_weights(await trainer.state_dict_for_inference.remote(), version)
+                    synced = await weights.push(version)
                 mgr.set_version(version)
                 t_end = time.perf_counter()
                 step_s = t_end - t0
@@ -463,6 +466,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, po
                     "wall_s": time.time(),
                     "tasks": trained_tasks,  # the ledger: every task is trained at exactly one step
                 })
+                row.update(synced)
                 row.update(_flatten(tool_metrics(trajs), "tool/"))
                 if cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.steps:
                     row.update(_flatten(await evaluate(engine, tokenizer, cfg, cfg.eval.episodes), "eval/"))

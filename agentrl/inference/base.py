@@ -64,10 +64,10 @@ class InferenceEngine(abc.ABC):
         servers route every turn of a trajectory to the same server (prefix-cache reuse)."""
 
     @abc.abstractmethod
-    async def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> int:
         """Pauses generation (per the backend's pause mode), loads ``state_dict`` (name -> tensor, the trainer's
         parameter names), sets the version to ``version`` and resumes. Returns when new requests use the new
-        weights."""
+        weights, with the bytes one engine loaded."""
 
     @property
     @abc.abstractmethod

@@ -86,6 +86,9 @@ class _Server:
 class RemoteEngine(InferenceEngine):
     """Generation on one or more vLLM servers (``--enable-scale-out``).
 
+    One idea: the :class:`InferenceEngine` contract over vLLM's HTTP API; routing, version labels and weight loads
+    are one protocol against the same servers.
+
     Routing (:class:`~agentrl.inference.router.Router`): a request with a ``session_id`` goes to the server that
     session used before (its prefix cache holds the conversation so far); a new session or a request without one
     goes to the server with the fewest requests in flight. A server that fails a request is marked unhealthy and
@@ -333,10 +336,11 @@ class RemoteEngine(InferenceEngine):
         else:
             req.task.cancel()  # closing the stream makes the server abort the request
 
-    async def update_weights(self, state_dict: dict[str, Any], version: int, *, pause_mode: str | None = None) -> None:
+    async def update_weights(self, state_dict: dict[str, Any], version: int, *, pause_mode: str | None = None) -> int:
         """Pauses every server (``pause_mode`` or the engine's), loads ``state_dict`` per ``weight_sync``, sets
         the version label on the servers and here, resumes. Servers are resumed even if loading fails. Tokens
-        sampled after the relabel carry ``version`` because the servers say so (module docstring)."""
+        sampled after the relabel carry ``version`` because the servers say so (module docstring). Returns the
+        bytes sent to one server (0 when ``weight_sync`` loads nothing)."""
         if not isinstance(version, int) or isinstance(version, bool):
             raise TypeError(f"version must be an int, got {type(version).__name__}")
         mode = pause_mode or self.pause_mode
@@ -344,8 +348,10 @@ class RemoteEngine(InferenceEngine):
             raise ValueError(f"pause_mode must be 'abort' or 'keep', got {mode!r}")
         payload: str | None = None
         path: str | None = None
+        nbytes = 0
         if self.weight_sync in ("http", "file"):
             payload_bytes = await asyncio.to_thread(self._serialize, state_dict)
+            nbytes = len(payload_bytes)
             if self.weight_sync == "http":
                 payload = base64.b64encode(payload_bytes).decode()
             else:
@@ -377,6 +383,7 @@ class RemoteEngine(InferenceEngine):
                     except OSError:
                         pass
             self._version = version
+        return nbytes
 
     def _serialize(self, state_dict: dict[str, Any]) -> bytes:
         import torch

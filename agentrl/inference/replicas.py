@@ -328,32 +328,38 @@ class ReplicatedEngine(InferenceEngine):
         if i is not None and self.alive[i]:
             await self.replicas[i].abort.remote(request_id)
 
-    async def update_weights(self, state_dict: dict[str, Any], version: int, *, pause_mode: str | None = None) -> None:
+    async def update_weights(self, state_dict: dict[str, Any] | ray.ObjectRef, version: int, *,
+                             pause_mode: str | None = None) -> int:
         """Loads ``state_dict`` on every replica and makes ``version`` current (module docstring: check all, pause
-        all, load all, label and resume all). The state dict travels once through Ray's object store."""
+        all, load all, label and resume all). The state dict travels once through Ray's object store; pass an
+        ``ObjectRef`` to one that is already there (the trainer's ``state_dict_ref``) and it never enters this
+        process. Returns the bytes one replica loaded."""
         if not isinstance(version, int) or isinstance(version, bool):
             raise TypeError(f"version must be an int, got {type(version).__name__}")
         mode = pause_mode or self.cfg.pause_mode
         if mode not in ("abort", "keep"):
             raise ValueError(f"pause_mode must be 'abort' or 'keep', got {mode!r}")
-        ref = ray.put(state_dict)
+        ref = state_dict if isinstance(state_dict, ray.ObjectRef) else ray.put(state_dict)
         async with self._update_lock():
             # Check on every replica first: a bad state dict raises here, before anything pauses.
-            await self._each("prepare", lambda i: self.replicas[i].prepare.remote(ref), raise_errors=True)
+            sizes = await self._each("prepare", lambda i: self.replicas[i].prepare.remote(ref), raise_errors=True)
             await self._each("pause", lambda i: self.replicas[i].pause.remote(mode))
             await self._each("load", lambda i: self.replicas[i].load_prepared.remote())
             await self._each("commit", lambda i: self.replicas[i].commit.remote(version))
             self._version = version
+        return max(sizes, default=0)
 
-    async def _each(self, phase: str, call: Any, *, raise_errors: bool = False) -> None:
-        """Runs ``call(i)`` on every live replica at once. A replica that dies, or fails a phase after the pause
-        (its weights are then in an unknown state), is retired and the others go on; raises
-        :class:`EngineReplicaError` when none is left. With ``raise_errors`` (the check before pausing), an error
-        of a live replica is raised as is."""
+    async def _each(self, phase: str, call: Any, *, raise_errors: bool = False) -> list[Any]:
+        """Runs ``call(i)`` on every live replica at once; returns the results of those that succeeded. A replica
+        that dies, or fails a phase after the pause (its weights are then in an unknown state), is retired and the
+        others go on; raises :class:`EngineReplicaError` when none is left. With ``raise_errors`` (the check before
+        pausing), an error of a live replica is raised as is."""
         live = self._live()
         results = await asyncio.gather(*[call(i) for i in live], return_exceptions=True)
+        ok = []
         for i, r in zip(live, results):
             if not isinstance(r, BaseException):
+                ok.append(r)
                 continue
             if raise_errors and not isinstance(r, ray.exceptions.RayActorError):
                 raise r
@@ -361,6 +367,7 @@ class ReplicatedEngine(InferenceEngine):
             self._retire(i, kill=True)
         if not self._live():
             raise EngineReplicaError(f"weight update: every engine replica failed (last phase: {phase})")
+        return ok
 
     def _update_lock(self) -> asyncio.Lock:
         if self._lock is None:

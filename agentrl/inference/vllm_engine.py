@@ -60,6 +60,9 @@ def _expand_versions(spans: Any, n_tokens: int, fallback: list[int]) -> list[int
 class VLLMEngine(InferenceEngine):
     """Token-in/token-out generation with versioned weights on an in-process ``AsyncLLM``.
 
+    One idea: the :class:`InferenceEngine` contract over one vLLM ``AsyncLLM``; generation, pause/load/label and
+    the weight-transfer receiver all act on the same engine under one update lock, so they stay together.
+
     Construction starts the engine and blocks until it is ready (about 20-40 s on a 2-core CPU); from async
     code use ``await VLLMEngine.create(cfg)``. Call :meth:`close` (or use ``async with``) to stop its processes.
 
@@ -250,16 +253,17 @@ class VLLMEngine(InferenceEngine):
         Unknown or finished ids are ignored."""
         await self._on_engine(self._llm.abort(request_id))
 
-    async def update_weights(self, state_dict: dict[str, Any], version: int, *, pause_mode: str | None = None) -> None:
+    async def update_weights(self, state_dict: dict[str, Any], version: int, *, pause_mode: str | None = None) -> int:
         """Loads a complete state dict (HF checkpoint names -> tensors, any dtype/device; cast to the engine's
         dtype) and makes ``version`` current. Sequence: check names/shapes against the checkpoint (a bad state dict
         raises ``ValueError`` before anything pauses), pause (``pause_mode`` or ``cfg.pause_mode``), load on every
         worker, drop KV computed by the old weights, set the version label, resume. Concurrent calls are
-        serialized. Returns once new requests are served by the new weights."""
+        serialized. Returns once new requests are served by the new weights, with the bytes loaded."""
         _check_version(version)
         mode = self._pause_mode(pause_mode)
         payload = await asyncio.to_thread(self.prepare_weights, state_dict)
         await self._on_engine(self._update(payload, version, mode))
+        return len(payload)
 
     def _pause_mode(self, pause_mode: str | None) -> str:
         mode = pause_mode or self.cfg.pause_mode

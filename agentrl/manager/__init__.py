@@ -80,7 +80,7 @@ Modules: :mod:`~agentrl.manager.config` (inputs), :mod:`~agentrl.manager.admissi
 """
 
 from agentrl.manager.admission import Admission
-from agentrl.manager.config import EpisodeSpec, ManagerConfig, ManagerError, TaskSource
+from agentrl.manager.config import EpisodeConfig, EpisodeSpec, ManagerConfig, ManagerError, TaskSource
 from agentrl.manager.manager import EnvManager
 
-__all__ = ["Admission", "EnvManager", "EpisodeSpec", "ManagerConfig", "ManagerError", "TaskSource"]
+__all__ = ["Admission", "EnvManager", "EpisodeConfig", "EpisodeSpec", "ManagerConfig", "ManagerError", "TaskSource"]

@@ -3,8 +3,10 @@ the error it raises when it cannot go on (:class:`ManagerError`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal
 
 
 @dataclass
@@ -31,10 +33,16 @@ class EpisodeSpec:
 
 
 @dataclass
-class ManagerConfig:
-    """Settings of :class:`~agentrl.manager.EnvManager` (see :mod:`agentrl.manager` for the rules they drive and
-    :mod:`agentrl.manager.admission` for ``async_ratio``, ``batch_size`` and ``stale_policy``).
+class EpisodeConfig:
+    """How the manager runs episodes: where envs live, how many run at once, group shapes, timeouts (see
+    :mod:`agentrl.manager` for the rules they drive). Everything of :class:`ManagerConfig` except the admission rule,
+    which a training run derives from its own ``async_ratio`` and batch (``TrainConfig.manager`` is one of these).
     ``max_failures_per_group``: failed or stale attempts a group may replace before it is given up."""
+
+    CONFIG_HINTS: ClassVar[dict[str, str]] = {
+        "async_ratio": "set async_ratio at the top level: a training run owns its admission rule",
+        "batch_size": "a training run's batch is num_groups * group_size trajectories, derived, not set",
+    }
 
     workers: int = 0  # 0: envs in this process; N: N Ray env-worker actors
     ray_address: str | None = None  # used only when Ray is not initialised yet
@@ -44,8 +52,6 @@ class ManagerConfig:
     restart_dead_workers: bool = True
     sync_env_threads: int = 32  # thread pool for sync-only envs, per worker
     max_concurrency: int = 256
-    async_ratio: int | None = None  # α; None disables the version-based admission and staleness rules
-    batch_size: int | None = None  # B in trajectories; default num_groups * group_size
     stale_policy: Literal["cancel", "drop"] = "cancel"
     num_groups: int = 1
     group_size: int = 1
@@ -76,6 +82,30 @@ class ManagerConfig:
             v = getattr(self, name)
             if v is not None and v <= 0:
                 raise ValueError(f"{name} must be > 0, got {v}")
+        if self.rpc_batch_window_s < 0:
+            raise ValueError(f"rpc_batch_window_s must be >= 0, got {self.rpc_batch_window_s}")
+        if self.worker_num_cpus < 0:
+            raise ValueError(f"worker_num_cpus must be >= 0, got {self.worker_num_cpus}")
+
+
+@dataclass
+class ManagerConfig(EpisodeConfig):
+    """Settings of :class:`~agentrl.manager.EnvManager`: :class:`EpisodeConfig` plus the admission rule
+    (:mod:`agentrl.manager.admission`): ``async_ratio`` α (None disables the version-based admission and staleness
+    rules) and the batch ``batch_size`` B in trajectories (default ``num_groups * group_size``)."""
+
+    async_ratio: int | None = None
+    batch_size: int | None = None
+
+    @classmethod
+    def of(cls, episodes: EpisodeConfig, *, async_ratio: int | None = None,
+           batch_size: int | None = None) -> "ManagerConfig":
+        """``episodes``' settings with this admission rule."""
+        fields = {f.name: getattr(episodes, f.name) for f in dataclasses.fields(EpisodeConfig)}
+        return cls(**fields, async_ratio=async_ratio, batch_size=batch_size)
+
+    def validate(self) -> None:
+        super().validate()
         if self.async_ratio is not None and self.async_ratio < 0:
             raise ValueError(f"async_ratio must be >= 0 or null, got {self.async_ratio}")
         if self.batch_size is not None and self.batch_size < 1:
@@ -84,10 +114,6 @@ class ManagerConfig:
         if self.async_ratio is not None and b % self.group_size:
             raise ValueError(f"batch_size ({b}) must be a multiple of group_size ({self.group_size}): admission "
                              f"counts whole groups")
-        if self.rpc_batch_window_s < 0:
-            raise ValueError(f"rpc_batch_window_s must be >= 0, got {self.rpc_batch_window_s}")
-        if self.worker_num_cpus < 0:
-            raise ValueError(f"worker_num_cpus must be >= 0, got {self.worker_num_cpus}")
 
 
 class ManagerError(RuntimeError):

@@ -32,7 +32,12 @@ _COUNTERS = ("started", "finished", "cancelled", "failed", "dropped_stale", "res
 
 
 class EnvManager:
-    """Runs episodes of text envs against a :class:`~agentrl.policy.Policy` (see :mod:`agentrl.manager`)."""
+    """Runs episodes of text envs against a :class:`~agentrl.policy.Policy` (see :mod:`agentrl.manager`).
+
+    One idea: the pump and the ways of consuming what it produces (batches, streams, a continuous run) share one
+    round and its invariant (module docstring). What varies apart already lives apart: the admission rule
+    (:mod:`.admission`), the group book (:mod:`.groups`), one episode's body (:mod:`.episode`), the workers
+    (:mod:`.pool`)."""
 
     def __init__(self, config: ManagerConfig, policy: Policy):
         config.validate()  # raises ValueError naming the bad field

@@ -82,6 +82,23 @@ class TrainerWorker:
     def state_dict_for_inference(self, dtype: Any = None) -> dict[str, Any]:
         return self.trainer.state_dict_for_inference(dtype)
 
+    def state_dict_ref(self) -> list[Any]:
+        """The inference state dict put into Ray's object store from here, as ``[ObjectRef]``: the driver hands the
+        reference to the engine replicas, which read the tensors from the store; they never land in the driver."""
+        return [ray.put(self.trainer.state_dict_for_inference())]
+
+    # The broadcast weight path (agentrl.trainer.weight_broadcast): join once, then send after each update.
+    def join_weight_broadcast(self, init_info: Any, client: Any, rank: int = 0) -> None:
+        from agentrl.trainer.weight_broadcast import WeightSender
+
+        self._sender = WeightSender(self.trainer, init_info, client, rank)
+
+    def broadcast_weights(self) -> dict[str, float]:
+        sender = getattr(self, "_sender", None)
+        if sender is None:
+            raise RuntimeError("broadcast_weights before join_weight_broadcast")
+        return sender.send()
+
     def save_checkpoint(self, path: str) -> str:
         return str(self.trainer.save_checkpoint(path))
 

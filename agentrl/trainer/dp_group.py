@@ -139,7 +139,8 @@ class TrainerGroup:
 
     METHODS = ("ping", "get_version", "get_optimizer_steps", "train_step", "sft_step", "compute_logprobs",
                "start_step", "accumulate", "finish_step", "abort_step", "take_logprob_records",
-               "state_dict_for_inference", "save_checkpoint", "load_checkpoint", "pid")
+               "state_dict_for_inference", "state_dict_ref", "save_checkpoint", "load_checkpoint", "pid",
+               "rendezvous", "join_weight_broadcast", "broadcast_weights")
 
     def __init__(self, config: TrainerConfig, actors: list[Any], placement_group: Any, info: list[dict]) -> None:
         self.config = config
@@ -220,6 +221,20 @@ class TrainerGroup:
 
     def _state_dict_for_inference(self, dtype: Any = None) -> GroupCall:
         return self._rank0_or_all("state_dict_for_inference", dtype)
+
+    def _state_dict_ref(self) -> GroupCall:
+        return self._rank0_or_all("state_dict_ref")
+
+    def _rendezvous(self) -> GroupCall:
+        return self._call("rendezvous", ranks=[0])
+
+    def _join_weight_broadcast(self, init_info: Any, client: Any, rank: int = 0) -> GroupCall:
+        # every rank joins (rank 0 sends; the others take part in a sharded model's gathers)
+        return self._call("join_weight_broadcast",
+                          [((init_info, client), {"rank": r}) for r in range(self.world_size)])
+
+    def _broadcast_weights(self) -> GroupCall:
+        return self._all("broadcast_weights")
 
     def _save_checkpoint(self, path: str) -> GroupCall:
         return self._all("save_checkpoint", str(path))  # rank 0 writes the whole model (see the Trainer)

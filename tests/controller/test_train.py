@@ -34,15 +34,17 @@ def test_config_errors_name_the_key(tmp_path):
         load_config(QUICKSTART, ["env.id=agentrl/FrozenLak-v0"])
     with pytest.raises(ConfigError, match="set async_ratio at the top level"):
         load_config(QUICKSTART, ["manager.async_ratio=1"])
-    with pytest.raises(ConfigError, match=r"manager.batch_size \(12\) must be null or num_groups \* group_size"):
+    with pytest.raises(ConfigError, match=r"manager.batch_size: unknown key \(a training run's batch is num_groups \* group_size"):
         load_config(QUICKSTART, ["manager.batch_size=12"])
 
 
 def test_trainer_scores_at_the_rollout_temperature():
     # Unset, the trainer's temperature is derived from the rollout's (it used to stay 1.0: at rollout 0.7 a
     # tenth of the tokens hit the IS cap with identical weights).
-    assert load_config(QUICKSTART, ["rollout.temperature=0.7"]).trainer.temperature == 0.7
-    assert load_config(QUICKSTART, ["rollout.temperature=0.7", "trainer.temperature=0.7"]).trainer.temperature == 0.7
+    assert load_config(QUICKSTART, ["rollout.temperature=0.7"]).trainer_config().temperature == 0.7
+    assert load_config(QUICKSTART, ["rollout.temperature=0.7", "trainer.temperature=0.7"]).trainer_config().temperature == 0.7
+    cfg = load_config(QUICKSTART, ["rollout.temperature=0.7"])
+    assert cfg.trainer.temperature == 1.0  # derived where it is used, never written back into the config
     with pytest.raises(ConfigError, match=r"trainer.temperature \(0.5\) must equal rollout.temperature \(0.7\)"):
         load_config(QUICKSTART, ["rollout.temperature=0.7", "trainer.temperature=0.5"])
     with pytest.raises(ConfigError, match="rollout.temperature must be > 0 for training"):
@@ -72,11 +74,15 @@ def run_cli(args: list[str], **kw) -> subprocess.Popen:
 
 
 # α = 0 here; α = 1 with the real engine runs in the SIGKILL/resume test below and in the custom-env example's test.
-@pytest.mark.parametrize("alpha", [0])
-def test_training_runs_with_bounded_staleness(tmp_path, alpha):
+# Weights take each path a training run can take on the CPU: one engine in the driver, and two engine replicas fed
+# by the trainer's gloo broadcast through vLLM's weight-transfer API (never through the driver).
+@pytest.mark.parametrize("alpha,path", [(0, "in_driver"), (0, "broadcast")])
+def test_training_runs_with_bounded_staleness(tmp_path, alpha, path):
     run_dir = tmp_path / f"run{alpha}"
+    engine = ["engine.replicas=2", "engine.weight_sync=gloo"] if path == "broadcast" else []
     # fp32 (the tiny model's dtype), sampling at temperature 0.7: the trainer derives its temperature from it
-    p = run_cli([str(QUICKSTART), *SMALL, f"async_ratio={alpha}", "rollout.temperature=0.7", f"run_dir={run_dir}"])
+    p = run_cli([str(QUICKSTART), *SMALL, *engine, f"async_ratio={alpha}", "rollout.temperature=0.7",
+                 f"run_dir={run_dir}"])
     out, _ = p.communicate(timeout=600)
     assert p.returncode == 0, out[-4000:]
     r = rows(run_dir)
@@ -89,6 +95,8 @@ def test_training_runs_with_bounded_staleness(tmp_path, alpha):
         assert x["manager/dropped_stale"] == 0  # staleness is bounded by the batch schedule, not by cancelling
         # The agent loop's template checks, as run totals: the tiny model's template never drifts.
         assert x["chat/sessions"] >= 4 and x["chat/drift_handover"] == x["chat/drift_env"] == 0.0
+        # How the weights travelled, and what it cost: every step syncs (sync_every 1).
+        assert x["weights/path"] == path and x["weights/bytes"] > 100_000 and x["weights/sync_s"] > 0, x
     if alpha == 0:
         assert all(x["train/staleness/max"] == 0 for x in r)
         # After every weight sync the trainer's log-probs of the engine's sampled tokens equal the engine's

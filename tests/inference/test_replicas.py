@@ -115,6 +115,14 @@ async def test_state_dict_update_reaches_every_replica(eng, tok, original, tiny_
         with pytest.raises(ValueError, match="missing tensors"):
             await eng.update_weights({"model.norm.weight": original["model.norm.weight"]}, v + 1)
         assert eng.version == v and await eng.replica_versions() == [v, v]
+        # A state dict already in the object store (what the trainer hands over: agentrl.controller.weights) is
+        # read there by the replicas; the returned size is one replica's payload.
+        import ray
+
+        nbytes = await eng.update_weights(ray.put(original), v + 1)
+        assert eng.version == v + 1 and await eng.replica_versions() == [v + 1, v + 1]
+        assert await eng.weights_digest() == digest0
+        assert nbytes >= sum(t.numel() for t in original.values()) * 2  # at least bf16 bytes per element
     finally:
         await _restore(eng, original)
     assert await eng.weights_digest() == digest0
