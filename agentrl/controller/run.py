@@ -448,6 +448,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, we
                                                           "dropped_stale", "rescheduled", "failed_groups", "env_steps",
                                                           "step_p50_s", "step_p99_s")
                                      if man.get(k) is not None}, "manager/"))
+                row.update(_flatten({k: v for k, v in man.items() if k.startswith("failures/")}, "manager/"))
                 if callable(getattr(policy, "metrics", None)):  # the agent loop's template-drift counters (run totals)
                     row.update(_flatten(policy.metrics()))
                 gen_tokens = sum(t.num_generated for t in trajs)

@@ -62,7 +62,8 @@ replacement member, up to ``max_failures_per_group`` failed or stale attempts, a
 another task is taken from the source. A policy that raises is handled the same way. A dead worker fails its
 episodes; they are rescheduled on live workers (``rescheduled``) and, with ``restart_dead_workers``, a new worker
 takes its place. Failed attempts are kept in :attr:`EnvManager.failed` (most recent ``failed_history``), never in
-groups. Every trajectory id is unique (``<group id>.<attempt>``) and a finished trajectory is delivered at most once.
+groups, and are never scored: ``info["failure_cause"]`` names why (:data:`~agentrl.manager.episode.FAILURE_CAUSES`)
+and ``metrics()`` counts them as ``failures/<cause>``. Every trajectory id is unique (``<group id>.<attempt>``) and a finished trajectory is delivered at most once.
 
 Trajectory fields: ``messages`` holds the whole conversation (opening messages, the policy's actions as assistant
 messages, env messages), ``rewards`` one reward per step, ``reward`` the sum of step rewards unless the last env

@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from agentrl.manager.groups import Episode
 
 
+FAILURE_CAUSES = ("worker_died", "env_make", "env_exception", "env_timeout", "env_protocol", "env_cancelled",
+                  "policy_timeout", "policy_error", "episode_timeout")
+"""Why an episode ended in ``error`` (``Trajectory.info["failure_cause"]``, counted as ``failures/<cause>``). None of
+them is the policy's doing as a move in the env: an env that raises, hangs, breaks the contract or loses its host
+(its worker, its sandbox, its server), and a policy that cannot answer (its engine or server failed, it timed out).
+Such an episode is never scored: it is replaced within its group (:mod:`agentrl.manager.groups`). What the policy
+does wrong inside the env (a malformed action, the turn limit) ends the episode normally, with the env's reward."""
+
+
 class StaleEpisode(Exception):
     """Raised inside an episode whose tokens became too old (``stale_policy: cancel``)."""
 
@@ -78,6 +87,7 @@ class EpisodeRunner:
         deadline = t_start + cfg.episode_timeout_s if cfg.episode_timeout_s else None
         session: PolicySession | None = None
         opened = False
+        cause = ""
         try:
             meta = EpisodeMeta(ep.id, ep.group.id, spec.env_id, spec.seed, spec.task)
             session = self.policy.session(meta)
@@ -144,14 +154,20 @@ class EpisodeRunner:
         except WorkerDied as e:
             ep.worker_died = True
             traj.termination, traj.error = "error", f"WorkerDied({str(e)!r})"
+            cause = "worker_died"
         except EnvFailure as e:
             traj.termination = "error"
             traj.error = f"EnvFailure(kind={e.kind!r}, {e.message!r})" + (f"\n{e.traceback_text}" if e.traceback_text else "")
+            cause = f"env_{e.kind}" if f"env_{e.kind}" in FAILURE_CAUSES else "env_exception"
         except (TimeoutError, asyncio.TimeoutError) as e:
             traj.termination, traj.error = "error", f"TimeoutError({str(e) or 'policy_timeout_s exceeded'!r})"
+            cause = "episode_timeout" if "episode_timeout_s" in str(e) else "policy_timeout"
         except Exception as e:
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-6)).strip()
             traj.termination, traj.error = "error", f"{e!r}\n{tb}"
+            cause = "policy_error"
+        if traj.termination == "error":
+            traj.info = {**(traj.info if isinstance(traj.info, dict) else {}), "failure_cause": cause}
         traj.timings = {"env_s": env_s, "policy_s": policy_s, "queue_s": t_start - ep.created}
         ep.result = traj
         # The release must finish even if this task is cancelled again meanwhile (a cancel landing here is seen by

@@ -197,6 +197,8 @@ class GroupBook:
             c["cancelled"] += 1
         elif term == "error":
             c["failed"] += 1
+            cause = traj.info.get("failure_cause", "policy_error") if isinstance(traj.info, dict) else "policy_error"
+            c[f"failures/{cause}"] = c.get(f"failures/{cause}", 0) + 1
             self.failed.append(traj)
         else:
             c["finished"] += 1

@@ -385,7 +385,8 @@ class EnvManager:
     # ---- metrics ---------------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
         """Returns a snapshot: the counters (started, finished, cancelled, failed, dropped_stale, rescheduled,
-        replaced, surplus, accepted, delivered_groups, failed_groups, env_steps, policy_calls, worker_deaths), live
+        replaced, surplus, accepted, delivered_groups, failed_groups, env_steps, policy_calls, worker_deaths;
+        ``failures/<cause>`` per :data:`~agentrl.manager.episode.FAILURE_CAUSES` once one happened), live
         gauges (running, held, pending, ready, max_running, version, workers_alive), env step latency percentiles
         in seconds (step_p50_s, step_p90_s, step_p99_s, step_max_s over the last ``latency_window`` steps) and
         throughput since the first episode started (elapsed_s, steps_per_s, episodes_per_s)."""

@@ -129,20 +129,20 @@ async def test_sync_env_runs_in_thread_pool_without_blocking_the_loop():
     assert ticks >= 10, ticks  # the event loop kept running while the sync steps slept
 
 
-@pytest.mark.parametrize("kwargs, expect", [
-    ({"fault": "raise"}, "ValueError('injected step failure"),
-    ({"fault": "raise", "fault_at": -1}, "RuntimeError('injected reset failure"),
-    ({"fault": "hang", "fault_at": 1}, "kind='timeout'"),
-    ({"fault": "hang", "fault_at": -1}, "kind='timeout'"),
-    ({"fault": "garbage"}, "5-tuple"),
-    ({"fault": "garbage", "fault_at": -1}, "reset must return (obs, info)"),
-    ({"fault": "bad_reward"}, "reward must be a real number, got str"),
-    ({"fault": "nan_reward"}, "reward must be finite"),
-    ({"fault": "bad_obs"}, "observation must be a str or a list"),
-    ({"fault": "bad_info"}, "info must be a dict"),
-    ({"no_such_kwarg": 1}, "kind='make'"),
+@pytest.mark.parametrize("kwargs, expect, cause", [
+    ({"fault": "raise"}, "ValueError('injected step failure", "env_exception"),
+    ({"fault": "raise", "fault_at": -1}, "RuntimeError('injected reset failure", "env_exception"),
+    ({"fault": "hang", "fault_at": 1}, "kind='timeout'", "env_timeout"),
+    ({"fault": "hang", "fault_at": -1}, "kind='timeout'", "env_timeout"),
+    ({"fault": "garbage"}, "5-tuple", "env_protocol"),
+    ({"fault": "garbage", "fault_at": -1}, "reset must return (obs, info)", "env_protocol"),
+    ({"fault": "bad_reward"}, "reward must be a real number, got str", "env_protocol"),
+    ({"fault": "nan_reward"}, "reward must be finite", "env_protocol"),
+    ({"fault": "bad_obs"}, "observation must be a str or a list", "env_protocol"),
+    ({"fault": "bad_info"}, "info must be a dict", "env_protocol"),
+    ({"no_such_kwarg": 1}, "kind='make'", "env_make"),
 ])
-async def test_env_faults_end_the_episode_with_error_and_nothing_else_stops(kwargs, expect):
+async def test_env_faults_end_the_episode_with_error_and_nothing_else_stops(kwargs, expect, cause):
     cfg = ManagerConfig(step_timeout_s=0.3, reset_timeout_s=0.3, max_failures_per_group=2)
     async with EnvManager(cfg, EchoPolicy()) as m:
         specs = [EpisodeSpec(SLEEP, {"turns": 3, "step_latency": 0.05}, seed=i) for i in range(3)]
@@ -156,6 +156,9 @@ async def test_env_faults_end_the_episode_with_error_and_nothing_else_stops(kwar
     # the failing episode was retried max_failures_per_group times, then its group was given up
     assert met["failed"] == 3 and met["replaced"] == 2 and met["failed_groups"] == 1
     assert len({t.id for t in m.failed}) == 3
+    # Failures are counted by cause, never scored: no failed attempt carries a reward into a group.
+    assert bad.info["failure_cause"] == cause and met[f"failures/{cause}"] == 3
+    assert all(t.info["failure_cause"] == cause for t in m.failed)
     assert stats["live"] == 0 and stats["inflight"] == 0
 
 
@@ -164,6 +167,7 @@ async def test_policy_exception_is_an_episode_error():
     async with EnvManager(ManagerConfig(max_failures_per_group=0), pol) as m:
         (t,) = await m.run_episodes([EpisodeSpec(SLEEP, {"turns": 3, "tag": "pol"})])
     assert t.termination == "error" and "policy failure" in t.error and t.num_turns == 2
+    assert t.info["failure_cause"] == "policy_error"
     assert _events("pol", "close") == ["close"] and pol.closed == [t.id]
 
 
