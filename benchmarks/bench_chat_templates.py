@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "rollout"))
+sys.path.insert(0, str(ROOT / "tests" / "chat"))
 
 REASONING = "Let me think about which number is left given the feedback so far."
 
