@@ -199,39 +199,57 @@ class Session:
             self._aborts.add(task)
             task.add_done_callback(self._aborts.discard)
 
-    # -- planning ---------------------------------------------------------------------------------------------------
-    def _plan_text(self, text: str, role: str | None) -> _Plan:
-        best: Segment | None = None
-        for seg in self.segments:
-            if (best is None or len(seg.text) >= len(best.text)) and seg.text and text.startswith(seg.text):
-                best = seg
+    # -- planning (in the store's worker thread, on a snapshot of the segments) ---------------------------------------
+    def _snapshot(self) -> list[tuple[Segment, str, int]]:
+        """The segments as they are now: ``(segment, text, length)``. Segments only grow at the end (and their text
+        is replaced whole), so a planning thread reads ``token_ids[:length]`` safely while the loop commits."""
+        return [(s, s.text, len(s.token_ids)) for s in self.segments]
+
+    def _plan_chat(self, msgs: list[dict[str, Any]], tools: list[dict] | None,
+                   snap: list[tuple[Segment, str, int]]) -> _Plan:
+        try:
+            text = self.r.render(msgs, add_generation_prompt=True, tools=tools)
+        except Exception as e:  # a template's own raise_exception() or a Jinja error: the client's input
+            raise bad("messages", f"the model's chat template cannot render these messages: {e}",
+                      "template_error") from None
+        return self._plan_text(text, msgs[-1].get("role"), snap)
+
+    def _plan_text(self, text: str, role: str | None, snap: list[tuple[Segment, str, int]]) -> _Plan:
+        best: tuple[Segment, str, int] | None = None
+        for item in snap:
+            if (best is None or len(item[1]) >= len(best[1])) and item[1] and text.startswith(item[1]):
+                best = item
         if best is not None:
-            c = self.r.continue_text(best.text, text, role)
+            seg, seg_text, n = best
+            c = self.r.continue_text(seg_text, text, role)
             if c.kind == "append":
-                return _Plan(best.token_ids + c.ids, list(c.ids), text, best, len(best.token_ids), False)
+                return _Plan(seg.token_ids[:n] + c.ids, list(c.ids), text, seg, n, False)
             reason = c.reason
-        elif self.segments:
-            last = self.segments[-1].text
+        elif snap:
+            last = snap[-1][1]
             i = next((k for k, (a, b) in enumerate(zip(last, text)) if a != b), min(len(last), len(text)))
-            reason = (f"the prompt does not extend any of the session's {len(self.segments)} segments (vs. the last: "
+            reason = (f"the prompt does not extend any of the session's {len(snap)} segments (vs. the last: "
                       f"first difference at character {i}: {last[i:i + 40]!r} became {text[i:i + 40]!r})")
         else:
             reason = ""
         ids = self.r.encode(text)
-        return _Plan(ids, ids, text, None, 0, bool(self.segments), reason)
+        return _Plan(ids, ids, text, None, 0, bool(snap), reason)
 
-    def _plan_ids(self, ids: list[int]) -> _Plan:
-        best: Segment | None = None
-        for seg in self.segments:
-            n = len(seg.token_ids)
-            if (best is None or n >= len(best.token_ids)) and n and ids[:n] == seg.token_ids:
-                best = seg
+    def _plan_prompt(self, prompt: str | list[int], snap: list[tuple[Segment, str, int]]) -> _Plan:
+        if isinstance(prompt, str):
+            return self._plan_text(prompt, None, snap)
+        ids = prompt
+        best: tuple[Segment, str, int] | None = None
+        for item in snap:
+            seg, _, n = item
+            if (best is None or n >= best[2]) and n and ids[:n] == seg.token_ids[:n]:
+                best = item
         if best is not None:
-            new = ids[len(best.token_ids):]
-            return _Plan(list(ids), new, best.text + self.r.decode_after(best.token_ids, new), best,
-                         len(best.token_ids), False)
-        return _Plan(list(ids), list(ids), self.r.decode(ids), None, 0, bool(self.segments),
-                     "the prompt's token ids do not extend any segment" if self.segments else "")
+            seg, seg_text, n = best
+            new = ids[n:]
+            return _Plan(list(ids), new, seg_text + self.r.decode_after(seg.token_ids[:n], new), seg, n, False)
+        return _Plan(list(ids), list(ids), self.r.decode(ids), None, 0, bool(snap),
+                     "the prompt's token ids do not extend any segment" if snap else "")
 
     def _for_template(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The request's messages as the template reads them: assistant turns the gateway returned are swapped for
@@ -344,15 +362,11 @@ class Session:
         that cannot be served (the session is then unchanged)."""
         self._check_open()
         tools = req.tools
-        msgs = self._for_template(req.messages)
+        self._begin()  # in flight from here: the session is neither expired nor forgotten while it renders
         try:
-            text = self.r.render(msgs, add_generation_prompt=True, tools=tools)
-        except Exception as e:  # a template's own raise_exception() or a Jinja error: the client's input
-            raise bad("messages", f"the model's chat template cannot render these messages: {e}",
-                      "template_error") from None
-        plan = self._plan_text(text, msgs[-1].get("role"))
-        self._begin()
-        try:
+            msgs = self._for_template(req.messages)
+            plan = await self.store.offload(self._plan_chat, msgs, tools, self._snapshot())
+            self._check_open()
             gens, _ = await self._sample_n(plan, req.sampling)
         finally:
             self.inflight -= 1
@@ -365,12 +379,13 @@ class Session:
     async def complete(self, req: CompletionRequest) -> Completion:
         """Serves one completions request (text prompt or token ids), as :meth:`chat` does."""
         self._check_open()
-        plan = self._plan_ids(req.prompt) if isinstance(req.prompt, list) else self._plan_text(req.prompt, None)
-        vocab = self.store.vocab_size
-        if vocab and any(t >= vocab for t in plan.prompt_ids):
-            raise bad("prompt", f"prompt has token ids outside the vocabulary [0, {vocab})")
         self._begin()
         try:
+            plan = await self.store.offload(self._plan_prompt, req.prompt, self._snapshot())
+            vocab = self.store.vocab_size
+            if vocab and any(t >= vocab for t in plan.prompt_ids):
+                raise bad("prompt", f"prompt has token ids outside the vocabulary [0, {vocab})")
+            self._check_open()
             gens, _ = await self._sample_n(plan, req.sampling)
         finally:
             self.inflight -= 1
@@ -491,7 +506,7 @@ class Session:
                        logprobs=rec.logprobs, versions=rec.versions, prompt_len=rec.prompt_len, segments=rec.segments,
                        messages=list(self.last_messages), rewards=[float(reward)], reward=float(reward),
                        termination=termination,  # type: ignore[arg-type]
-                       num_turns=self.requests, info={**rec.info, **(info or {})},
+                       num_turns=self.requests, info={**(info or {}), **rec.info},  # the counters win
                        timings={"total_s": time.monotonic() - self.created})
         t.validate()
         return t

@@ -19,7 +19,7 @@ from agentrl.chat import ChatConfig, ChatRenderer, load_tokenizer
 from agentrl.gateway import Gateway, GatewayConfig
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))  # the tests run with --import-mode=importlib
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chat"))  # the tests run with --import-mode=importlib
 from chat_tokenizers import qwen_tokenizer, template  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {
@@ -535,7 +535,7 @@ async def test_family_tool_calls_come_back_openai_style_and_round_trip(case):
     """The model writes a call in its family's syntax; the client gets it as an OpenAI tool call, sends it back
     (as plain clients do: content and calls only), and the template's rendering of it parses back to the same call;
     every sampled token is recorded once."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chat"))
     from test_chat_families import CASES, OUT, TOOLS as CALC, tokenizer
 
     tok = tokenizer(case)
