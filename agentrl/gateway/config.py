@@ -52,8 +52,8 @@ class GatewayConfig:
     Exposure (:mod:`agentrl.gateway.guard`): ``allowed_hosts`` are the names (no port) a request's ``Host`` may
     carry, on the bound port (421 otherwise: DNS rebinding); ``None`` means the loopback names plus ``host``, or
     any name when ``host`` is a wildcard (0.0.0.0, ::), which requires ``api_key``. ``allowed_origins`` lists the
-    browser origins (``scheme://host[:port]``) whose requests are served; requests with any other ``Origin`` are
-    refused. ``idle_timeout_s`` closes connections that send no complete request header in time (slow or idle
+    browser origins (``scheme://host[:port]``) whose requests are served (with CORS headers, so their pages can
+    read the answers); requests with any other ``Origin`` are refused. ``idle_timeout_s`` closes connections that send no complete request header in time (slow or idle
     clients, before any key is checked); ``body_timeout_s`` bounds reading a body; ``render_timeout_s`` bounds
     rendering and tokenizing a prompt, which run in a worker thread so that the event loop keeps serving.
     """

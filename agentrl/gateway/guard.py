@@ -11,8 +11,9 @@ A page cannot read another origin's responses, but two tricks get around that, a
   anything else is 421 Misdirected Request.
 - **Cross-site simple requests.** A POST with ``Content-Type: text/plain`` (or no body) is sent without a CORS
   preflight: its response is unreadable, but its side effects happen. :func:`cross_site_problem` refuses POSTs
-  whose body is not ``application/json`` (415; a browser must preflight that type, and the server grants no
-  preflight) and requests carrying an ``Origin`` that is not allowed (403; non-browser clients send none).
+  whose body is not ``application/json`` (415; a browser must preflight that type) and requests carrying an
+  ``Origin`` that is not allowed (403, preflights included; non-browser clients send none). The gateway answers
+  allowed origins' preflights and lets them read responses (CORS headers).
 
 Slow clients: :func:`app_runner` sets aiohttp's keep-alive timer, which runs from the moment a connection opens
 (3.14), so a connection that sends no complete request header within ``idle_s``, or sits idle between requests,

@@ -63,6 +63,9 @@ from agentrl.trajectory import Trajectory
 log = logging.getLogger("agentrl.gateway")
 _SID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")  # fullmatch: "$" would accept a trailing newline
 SESSION_HEADER = "X-Agentrl-Session"
+PREFLIGHT_HEADERS = {"Access-Control-Allow-Methods": "GET, POST",
+                     "Access-Control-Allow-Headers": f"Authorization, Content-Type, api-key, {SESSION_HEADER}",
+                     "Access-Control-Max-Age": "600"}
 
 
 def _error_response(e: APIError) -> web.Response:
@@ -111,6 +114,7 @@ class Gateway:
         app.router.add_post("/v1/sessions/{id}/end", self.end_session)
         app.router.add_get("/metrics", self.metrics_handler)
         app.router.add_get("/health", self.health)
+        app.on_response_prepare.append(self._cors)
         return app
 
     async def start(self) -> "Gateway":
@@ -205,6 +209,8 @@ class Gateway:
                 status, code, message = problem
                 raise APIError(status, message, "permission_error" if status == 403 else "invalid_request_error",
                                None, code)
+            if request.method == "OPTIONS" and "Origin" in request.headers:  # an allowed origin's CORS preflight
+                return web.Response(status=204, headers=PREFLIGHT_HEADERS)
             return await handler(request)
         except ConnectionResetError:  # the client hung up: not the server's fault (this answer reaches no one)
             self._hung_up(request)
@@ -227,6 +233,13 @@ class Gateway:
             log.exception("gateway: %s %s failed", request.method, request.path)
             self.errors["server_error"] = self.errors.get("server_error", 0) + 1
             return _error_response(APIError(500, f"internal error: {e!r:.500}", "server_error", None, "internal_error"))
+
+    async def _cors(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Lets an allowed origin's page read the response (requests from other origins never get here)."""
+        origin = request.headers.get("Origin")
+        if origin is not None and not response.prepared:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Vary"] = "Origin"
 
     def _hung_up(self, request: web.Request) -> None:
         self.errors["client_disconnected"] = self.errors.get("client_disconnected", 0) + 1

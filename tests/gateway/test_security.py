@@ -91,9 +91,17 @@ async def test_cross_site_requests_are_refused(tiny_tok):
         await gw.stop()
     gw, eng = await serve(tiny_tok, ["ok<eos>"], cfg=GatewayConfig(port=0, allowed_origins=["http://app.example"]))
     try:
-        st, _ = await request(gw, "POST", "/s/web/v1/chat/completions", data=json.dumps(OK),
-                              headers={"Content-Type": "application/json", "Origin": "http://app.example"})
-        assert st == 200
+        async with aiohttp.ClientSession() as http:  # the listed origin's page: preflight, then the request
+            async with http.options(gw.url + "/s/web/v1/chat/completions", headers={
+                    "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+                    "Access-Control-Request-Headers": "content-type, authorization"}) as r:
+                assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == "http://app.example"
+                assert "Content-Type" in r.headers["Access-Control-Allow-Headers"]
+            async with http.post(gw.url + "/s/web/v1/chat/completions", data=json.dumps(OK), headers={
+                    "Content-Type": "application/json", "Origin": "http://app.example"}) as r:
+                assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "http://app.example"
+            async with http.options(gw.url + "/s/web/v1/chat/completions", headers={"Origin": "http://evil.test"}) as r:
+                assert r.status == 403 and "Access-Control-Allow-Origin" not in r.headers
     finally:
         await gw.stop()
 
