@@ -237,7 +237,7 @@ class Gateway:
     async def _cors(self, request: web.Request, response: web.StreamResponse) -> None:
         """Lets an allowed origin's page read the response (requests from other origins never get here)."""
         origin = request.headers.get("Origin")
-        if origin is not None and not response.prepared:
+        if origin is not None:  # called before the headers are written
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Vary"] = "Origin"
 
