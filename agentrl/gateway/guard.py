@@ -92,10 +92,14 @@ class HostCheck:
         return name in self.names and (port if port is not None else 80) == self.port
 
 
+def origin_allowed(origin: str, allowed_origins: Collection[str]) -> bool:
+    return origin in allowed_origins or "*" in allowed_origins
+
+
 def cross_site_problem(request: web.Request, allowed_origins: Collection[str]) -> tuple[int, str, str] | None:
     """``(status, code, message)`` when ``request`` may come from another site's page, else None."""
     origin = request.headers.get("Origin")
-    if origin is not None and origin not in allowed_origins and "*" not in allowed_origins:
+    if origin is not None and not origin_allowed(origin, allowed_origins):
         return 403, "origin_not_allowed", (f"requests from origin {origin[:100]!r} are not allowed (a web page on "
                                            f"another site); list it in allowed_origins to allow it")
     if request.method == "POST" and request.content_type != "application/json":

@@ -52,7 +52,7 @@ from aiohttp import web
 
 from agentrl.chat import ChatRenderer
 from agentrl.gateway.config import ISSUED_PREFIX, GatewayConfig
-from agentrl.gateway.guard import HostCheck, app_runner, cross_site_problem, default_hosts
+from agentrl.gateway.guard import HostCheck, app_runner, cross_site_problem, default_hosts, origin_allowed
 from agentrl.gateway.protocol import (APIError, bad, check_end_body, new_id, now, parse_chat, parse_completion,
                                       parse_json, sse, usage)
 from agentrl.gateway.sessions import Choice, Completion, Session
@@ -235,9 +235,9 @@ class Gateway:
             return _error_response(APIError(500, f"internal error: {e!r:.500}", "server_error", None, "internal_error"))
 
     async def _cors(self, request: web.Request, response: web.StreamResponse) -> None:
-        """Lets an allowed origin's page read the response (requests from other origins never get here)."""
+        """Lets an allowed origin's page read the response (other origins get a 403 without CORS headers)."""
         origin = request.headers.get("Origin")
-        if origin is not None:  # called before the headers are written
+        if origin is not None and origin_allowed(origin, self.cfg.allowed_origins):  # before headers are written
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Vary"] = "Origin"
 
