@@ -30,9 +30,7 @@ event loop). Every failure is an OpenAI error body (``{"error": {"message", "typ
 4xx/5xx status; no request can crash the server, a failed request leaves its session as it was, and a client that
 hangs up is counted (``gateway/errors/client_disconnected``), not logged as a server error.
 
-**Streaming.** ``stream: true`` answers with server-sent events in OpenAI's chunk format (role, content /
-reasoning / tool-call deltas, finish reason, optional usage chunk, ``[DONE]``). The engine interface returns whole
-completions, so the deltas are sent once the completion is done; SSE comments keep the connection alive meanwhile.
+**Streaming** and the response bodies: :mod:`~agentrl.gateway.responses`.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 import re
 import secrets
@@ -51,11 +48,12 @@ from typing import Any
 from aiohttp import web
 
 from agentrl.chat import ChatRenderer
+from agentrl.gateway.choices import Completion
 from agentrl.gateway.config import ISSUED_PREFIX, GatewayConfig
 from agentrl.gateway.guard import HostCheck, app_runner, cross_site_problem, default_hosts, origin_allowed
-from agentrl.gateway.protocol import (APIError, bad, check_end_body, new_id, now, parse_chat, parse_completion,
-                                      parse_json, sse, usage)
-from agentrl.gateway.sessions import Choice, Completion, Session
+from agentrl.gateway.protocol import APIError, bad, check_end_body, parse_chat, parse_completion, parse_json
+from agentrl.gateway.responses import chat_body, completion_body, stream_response
+from agentrl.gateway.sessions import Session
 from agentrl.gateway.store import SessionStore
 from agentrl.inference.base import InferenceEngine
 from agentrl.trajectory import Trajectory
@@ -320,13 +318,9 @@ class Gateway:
         session = self._session(request)
         work = self._forget_on_failure(session, session.chat(req))
         if req.stream:
-            return await self._stream(request, work, req.model, req.include_usage, chat=True)
-        done = await work
-        return web.json_response({
-            "id": new_id("chatcmpl"), "object": "chat.completion", "created": now(), "model": req.model,
-            "choices": [self._chat_choice(c, req.sampling.logprobs) for c in done.choices],
-            "usage": usage(done.prompt_tokens, done.completion_tokens),
-        })
+            return await stream_response(request, work, req.model, req.include_usage, chat=True,
+                                         keepalive_s=self.cfg.keepalive_s, on_hang_up=self._hung_up)
+        return web.json_response(chat_body(await work, req.model, req.sampling.logprobs))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)
@@ -335,14 +329,9 @@ class Gateway:
         session = self._session(request)
         work = self._forget_on_failure(session, session.complete(req))
         if req.stream:
-            return await self._stream(request, work, req.model, req.include_usage, chat=False)
-        done = await work
-        return web.json_response({
-            "id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": req.model,
-            "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
-                         "logprobs": self._text_logprobs(c) if req.sampling.logprobs else None} for c in done.choices],
-            "usage": usage(done.prompt_tokens, done.completion_tokens),
-        })
+            return await stream_response(request, work, req.model, req.include_usage, chat=False,
+                                         keepalive_s=self.cfg.keepalive_s, on_hang_up=self._hung_up)
+        return web.json_response(completion_body(await work, req.model, req.sampling.logprobs))
 
     async def _forget_on_failure(self, session: Session, work: Any) -> Completion:
         """Awaits a session request; a failure leaves no session that served nothing (so failing requests cannot
@@ -352,94 +341,6 @@ class Gateway:
         except BaseException:
             self.store.forget_unused(session.id)
             raise
-
-    @staticmethod
-    def _logprobs(c: Choice) -> dict[str, Any]:
-        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                            for t, lp in zip(c.token_texts, c.logprobs)]}
-
-    @staticmethod
-    def _text_logprobs(c: Choice) -> dict[str, Any]:
-        offsets, at = [], 0
-        for t in c.token_texts:
-            offsets.append(at)
-            at += len(t)
-        return {"tokens": c.token_texts, "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": offsets}
-
-    def _chat_choice(self, c: Choice, logprobs: bool) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": c.content}
-        if c.reasoning is not None:
-            msg["reasoning_content"] = c.reasoning
-        if c.tool_calls:
-            msg["tool_calls"] = c.tool_calls
-        return {"index": c.index, "message": msg, "finish_reason": c.finish_reason,
-                "logprobs": self._logprobs(c) if logprobs else None}
-
-    async def _stream(self, request: web.Request, work: Any, model: str, include_usage: bool, *,
-                      chat: bool) -> web.StreamResponse:
-        """Runs ``work`` (a session request) and answers with SSE chunks. Errors before the first byte are normal
-        error responses; later ones are an error event before ``[DONE]``."""
-        task = asyncio.ensure_future(work)
-        try:  # fail fast: validation errors raised before the engine is called still get a plain error response
-            done: Completion | None = await asyncio.wait_for(asyncio.shield(task), 0.05)
-        except asyncio.TimeoutError:
-            done = None
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        try:
-            while done is None:
-                try:
-                    done = await asyncio.wait_for(asyncio.shield(task), self.cfg.keepalive_s)
-                except asyncio.TimeoutError:
-                    await resp.write(b": keep-alive\n\n")
-        except APIError as e:
-            await resp.write(sse(e.body()))
-            await resp.write(b"data: [DONE]\n\n")
-            return resp
-        except ConnectionResetError:
-            task.cancel()
-            self._hung_up(request)
-            return resp
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        except Exception as e:
-            log.exception("gateway: streamed request failed")
-            await resp.write(sse(APIError(500, f"internal error: {e!r:.500}", "server_error").body()))
-            await resp.write(b"data: [DONE]\n\n")
-            return resp
-        cid, created = new_id("chatcmpl" if chat else "cmpl"), now()
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        for c in done.choices:
-            for delta, finish in (self._chat_deltas(c) if chat else [({"text": c.text}, None), ({"text": ""}, c.finish_reason)]):
-                choice: dict[str, Any] = {"index": c.index, "finish_reason": finish}
-                if chat:
-                    choice["delta"] = delta
-                    choice["logprobs"] = None
-                else:
-                    choice.update(delta)
-                    choice["logprobs"] = None
-                await resp.write(sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [choice]}))
-        if include_usage:
-            await resp.write(sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
-                                  "usage": usage(done.prompt_tokens, done.completion_tokens)}))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-
-    @staticmethod
-    def _chat_deltas(c: Choice) -> list[tuple[dict[str, Any], str | None]]:
-        out: list[tuple[dict[str, Any], str | None]] = [({"role": "assistant", "content": ""}, None)]
-        if c.reasoning:
-            out.append(({"reasoning_content": c.reasoning}, None))
-        if c.content:
-            out.append(({"content": c.content}, None))
-        for k, call in enumerate(c.tool_calls):
-            out.append(({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                         "function": {"name": call["function"]["name"],
-                                                      "arguments": call["function"]["arguments"]}}]}, None))
-        out.append(({}, c.finish_reason))
-        return out
 
     # -- session API ------------------------------------------------------------------------------------------------
     def _session_for_api(self, request: web.Request) -> str:

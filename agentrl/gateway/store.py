@@ -18,7 +18,7 @@ from typing import Any, Callable
 from agentrl.chat import ChatRenderer
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.protocol import APIError
-from agentrl.gateway.sessions import Completion, Session
+from agentrl.gateway.sessions import Completion, Session, SessionContext
 from agentrl.inference.base import InferenceEngine
 from agentrl.trajectory import Trajectory
 
@@ -35,6 +35,8 @@ class SessionStore:
         self.max_model_len: int = int(engine_len or 1 << 30)
         self.max_tokens = min(cfg.max_tokens or self.max_model_len, self.max_model_len)
         self.vocab_size = len(getattr(renderer.tokenizer, "get_vocab", dict)()) or 0
+        self.context = SessionContext(renderer, engine, cfg, self.max_model_len, self.max_tokens, self.vocab_size,
+                                      self.offload)
         self.sessions: dict[str, Session] = {}
         self.counts: dict[str, int] = {"requests": 0, "drift_candidates": 0, "drifts": 0, "choices": 0,
                                        "parse_errors": 0, "tool_calls": 0, "sampled_tokens": 0, "prompt_tokens": 0,
@@ -76,7 +78,7 @@ class SessionStore:
             raise APIError(429, f"{len(self.sessions)} sessions are live (max_sessions={self.cfg.max_sessions}); end "
                                 f"one (POST /v1/sessions/ID/end) or retry later", "rate_limit_error", None,
                            "too_many_sessions")
-        s = self.sessions[sid] = Session(sid, self, meta)
+        s = self.sessions[sid] = Session(sid, self.context, meta, self.note)
         self.counts["sessions_started"] += 1
         return s
 
