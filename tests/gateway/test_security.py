@@ -65,6 +65,14 @@ async def test_a_foreign_host_header_is_refused(tiny_tok):
         assert (await request(gw, "GET", "/health", headers={"Host": f"127.0.0.1:{gw.port}"}))[0] == 421
     finally:
         await gw.stop()
+    # the command line adds names to the default
+    import argparse
+
+    from agentrl.commands.gateway import load_config
+
+    args = argparse.Namespace(set=[], config=None, model=None, host=None, port=None, api_key=None,
+                              served_model_name=None, out=None, allowed_host=["gw.example"])
+    assert load_config(args).gateway.allowed_hosts == ["localhost", "127.0.0.1", "::1", "gw.example"]
 
 
 async def test_cross_site_requests_are_refused(tiny_tok):

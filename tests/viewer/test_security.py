@@ -116,3 +116,17 @@ def test_bidi_controls_are_marked_in_the_page(view, tmp_path):
         assert ch not in text  # a control character never reaches the screen unmarked
     assert "safe⟨U+202E⟩exe.txt" in cells and "env⟨U+2067⟩x⟨U+2069⟩" in cells
     assert "open safe⟨U+202E⟩exe.txt" in shown
+
+
+async def test_allowed_hosts_are_configurable(tmp_path):
+    root = tmp_path / "run"
+    root.mkdir()
+    runner, url = await start(RunData(root), "127.0.0.1", 0, allowed_hosts=["viewer.example"])
+    try:
+        port = url.rstrip("/").rsplit(":", 1)[1]
+        assert (await raw_get(url, "/api/run", host=f"viewer.example:{port}"))[0] == 200
+        assert (await raw_get(url, "/api/run", host=f"VIEWER.example:{port}"))[0] == 200
+        assert (await raw_get(url, "/api/run", host=f"viewer.example:{int(port) + 1}"))[0] == 421
+        assert (await raw_get(url, "/api/run", host=f"127.0.0.1:{port}"))[0] == 421  # the list replaces the default
+    finally:
+        await runner.cleanup()
