@@ -12,6 +12,7 @@ request validation, error bodies), :mod:`~agentrl.gateway.planning` (segments, w
 :mod:`~agentrl.gateway.choices` (generations as the client's choices), :mod:`~agentrl.gateway.sessions` (assembly:
 sampling and commits), :mod:`~agentrl.gateway.store` (live sessions, bounds, metrics, the render thread),
 :mod:`~agentrl.gateway.guard` (Host, Origin, content type, timeouts; shared with the viewer),
+:mod:`~agentrl.gateway.keys` (the server key and issued session keys),
 :mod:`~agentrl.gateway.responses` (response bodies, streaming), :mod:`~agentrl.gateway.server` (aiohttp),
 :mod:`~agentrl.gateway.harness` (manager integration). Standalone: ``agentrl gateway --model DIR``.
 

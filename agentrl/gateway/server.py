@@ -22,7 +22,7 @@ session, so no key ends up in ``/v1/sessions`` or the JSONL. Unknown sessions ar
 ``Origin`` must be allowed (403) and a POST body must be ``application/json`` (415: cross-site simple requests), see
 :mod:`agentrl.gateway.guard`; slow headers, bodies and idle connections time out. The server binds to 127.0.0.1
 unless configured otherwise, and any other address needs ``api_key``. Keys are compared in constant time
-(:func:`hmac.compare_digest`); issued session keys are looked up by their SHA-256, so lookup time reveals nothing
+(:mod:`~agentrl.gateway.keys`); issued session keys are looked up by their SHA-256, so lookup time reveals nothing
 about a key; an issued-looking key (``sk-agentrl-``) that is not live (its session ended) is refused even when the
 server has no key. Request bodies are bounded (``max_request_bytes``), as are ``max_tokens``, ``n``, live sessions,
 tokens per session, ``end``'s reward and info, and the time a prompt takes to render (in a worker thread, off the
@@ -36,11 +36,8 @@ hangs up is counted (``gateway/errors/client_disconnected``), not logged as a se
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 import re
-import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -49,8 +46,9 @@ from aiohttp import web
 
 from agentrl.chat import ChatRenderer
 from agentrl.gateway.choices import Completion
-from agentrl.gateway.config import ISSUED_PREFIX, GatewayConfig
+from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.guard import HostCheck, app_runner, cross_site_problem, default_hosts, origin_allowed
+from agentrl.gateway.keys import Keys
 from agentrl.gateway.protocol import APIError, bad, check_end_body, parse_chat, parse_completion, parse_json
 from agentrl.gateway.responses import chat_body, completion_body, stream_response
 from agentrl.gateway.sessions import Session
@@ -92,7 +90,7 @@ class Gateway:
         self.model_name = self.cfg.model_name or model_name or (Path(path).name if path else "agentrl")
         self._out = open(self.cfg.out, "a") if self.cfg.out else None
         self.store = SessionStore(renderer, engine, self.cfg, self._write if self._out else None)
-        self._keys: dict[str, str] = {}  # sha256(issued key) -> session id
+        self._keys = Keys(self.cfg.api_key)
         self._runner: web.AppRunner | None = None
         self._site_port: int | None = None
         self._hosts = HostCheck(self._host_names(), self.cfg.port)
@@ -182,16 +180,14 @@ class Gateway:
         if sid in self.store.sessions:
             raise ValueError(f"session {sid!r} is already live")
         s = self.store.get(sid, True, meta)
-        key = "sk-agentrl-" + secrets.token_urlsafe(24)
-        self._keys[hashlib.sha256(key.encode()).hexdigest()] = sid
-        s.meta["_key_hash"] = hashlib.sha256(key.encode()).hexdigest()
+        key, s.meta["_key_hash"] = self._keys.issue(sid)
         return s, key
 
     def close_session(self, sid: str) -> Session | None:
         """Forgets session ``sid`` and revokes its key; returns it (its tokens stay readable) or None."""
         s = self.store.discard(sid)
         if s is not None:
-            self._keys.pop(s.meta.get("_key_hash", ""), None)
+            self._keys.revoke(s.meta.get("_key_hash", ""))
         return s
 
     # -- request plumbing -------------------------------------------------------------------------------------------
@@ -244,30 +240,9 @@ class Gateway:
         log.debug("gateway: %s %s: the client hung up", request.method, request.path)
 
     def _auth(self, request: web.Request) -> tuple[str | None, str | None]:
-        """Checks the API key; returns ``(session the key names or None, issued-key session or None)``. The token
-        itself never names a session (a credential is not an identifier): only an issued key's session, or the
-        ``<session>`` after ``<key>:``, does."""
-        header = request.headers.get("Authorization", "")
-        token = header[7:].strip() if header.lower().startswith("bearer ") else request.headers.get("api-key", "")
-        if token and not (token.isascii() and token.isprintable()):
-            raise APIError(401, "invalid API key: a key is printable ASCII", "authentication_error", None,
-                           "invalid_api_key")
-        if token:
-            sid = self._keys.get(hashlib.sha256(token.encode()).hexdigest())
-            if sid is not None:
-                return sid, sid
-            if token.startswith(ISSUED_PREFIX):
-                raise APIError(401, "this session key is not live (its session has ended, which revokes it)",
-                               "authentication_error", None, "invalid_api_key")
-        key = self.cfg.api_key
-        given, _, named = token.partition(":")
-        if key is None:
-            return (named or None), None
-        # compare_digest on equal-length digests: no early exit on the first differing byte, no length leak
-        if not hmac.compare_digest(hashlib.sha256(given.encode()).digest(), hashlib.sha256(key.encode()).digest()):
-            raise APIError(401, "invalid API key: send 'Authorization: Bearer <api_key>' (or '<api_key>:<session>')",
-                           "authentication_error", None, "invalid_api_key")
-        return (named or None), None
+        """``(session the key names or None, issued-key session or None)``; 401 for a bad key (see
+        :mod:`agentrl.gateway.keys`)."""
+        return self._keys.check(request.headers.get("Authorization", ""), request.headers.get("api-key", ""))
 
     def _session(self, request: web.Request) -> Session:
         key_sid, issued = self._auth(request)
