@@ -4,6 +4,7 @@
     agentrl gateway --model DIR --port 8000 --out sessions.jsonl
     agentrl gateway --host 0.0.0.0 --api-key "$KEY"   # reachable from other machines: a key is required
     agentrl gateway --config gateway.yaml --set gateway.max_n=4
+    agentrl gateway --host 0.0.0.0 --api-key "$KEY" --allowed-host gw.example   # only Host: gw.example[:port]
 
 Point any OpenAI client at ``http://127.0.0.1:8000/s/<session>/v1`` (or send ``X-Agentrl-Session``, or use
 ``<api_key>:<session>`` as the key). End a session with ``POST /v1/sessions/<session>/end {"reward": R}``: its
@@ -11,6 +12,10 @@ trajectory (every sampled token with its log-prob and version, in segments) is a
 ``gateway-sessions.jsonl``). Sessions idle
 for ``session_idle_s`` and those live at shutdown are written too (``truncated``, reward 0). Exit status 0 on
 Ctrl-C/SIGTERM, 2 on a config error.
+
+Requests must name an allowed host (``--allowed-host``, default: the loopback names and ``--host``; any name on a
+wildcard bind), must not come from a browser page on another origin (``gateway.allowed_origins``), and POST JSON
+(``Content-Type: application/json``): see README's Security section before exposing the server.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--port", type=int, help="port (default 8000; 0: a free one)")
     p.add_argument("--api-key", help="the API key clients must send (or set AGENTRL_GATEWAY_API_KEY)")
     p.add_argument("--served-model-name", help="the model name clients ask for (default: the directory's name)")
+    p.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                   help="a host name clients reach the server by, beyond the loopback names and --host "
+                        "(repeatable; '*' accepts any)")
     p.add_argument("--out", help="JSONL file the ended sessions' trajectories are appended to")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.set_defaults(func=_main)
@@ -64,8 +72,15 @@ def load_config(args: argparse.Namespace) -> GatewayRunConfig:
         if value is not None:
             overrides.append(f"{name}={json.dumps(value)}")
     if args.config:
-        return load(GatewayRunConfig, args.config, overrides)
-    return from_dict(GatewayRunConfig, apply_overrides({}, overrides), "<command line>")
+        cfg = load(GatewayRunConfig, args.config, overrides)
+    else:
+        cfg = from_dict(GatewayRunConfig, apply_overrides({}, overrides), "<command line>")
+    if getattr(args, "allowed_host", None):
+        from agentrl.gateway.guard import LOOPBACK_NAMES, default_hosts
+
+        base = cfg.gateway.allowed_hosts or default_hosts(cfg.gateway.host) or list(LOOPBACK_NAMES)
+        cfg.gateway.allowed_hosts = [*base, *args.allowed_host]
+    return cfg
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -3,7 +3,9 @@ trajectories .jsonl file): the run's curves, the trajectory list, and each traje
 
 PATH is a training run directory (``metrics.jsonl``, ``trajectories.jsonl``, ``trainer_logprobs.jsonl``), an
 ``agentrl eval`` output directory, or one trajectories file (``agentrl rollout``'s, ``agentrl eval``'s). The server
-binds 127.0.0.1 unless ``--host`` says otherwise, reads only those files, and runs until Ctrl-C.
+binds 127.0.0.1 unless ``--host`` says otherwise, reads only those files, and runs until Ctrl-C. Requests must
+name an allowed host (default: the loopback names and ``--host``; add names with ``--allowed-host``), so a web page
+that rebinds its DNS name to this machine cannot read the run (see README's Security section).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; anything else exposes the run's data to that network)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    p.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                   help="a host name the page is reached by, beyond the loopback names and --host (repeatable; "
+                        "'*' accepts any)")
     p.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json for token text (default: found "
                                        "in the run directory's checkpoints or config.yaml)")
     p.set_defaults(func=run)
@@ -28,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import ipaddress
 
+    from agentrl.gateway.guard import LOOPBACK_NAMES, default_hosts
     from agentrl.viewer.server import RunData, start
 
     try:
@@ -44,7 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         try:
-            runner, url = await start(data, args.host, args.port)
+            allowed = None
+            if args.allowed_host:
+                allowed = [*(default_hosts(args.host) or LOOPBACK_NAMES), *args.allowed_host]
+            runner, url = await start(data, args.host, args.port, allowed_hosts=allowed)
         except OSError as e:
             raise SystemExit(f"agentrl view: cannot listen on {args.host}:{args.port}: {e.strerror} "
                              "(try --port 0 for a free port)") from None

@@ -8,9 +8,13 @@ exactly what the engine saw (:mod:`~agentrl.gateway.sessions`); :mod:`~agentrl.g
 episodes of the environment manager so that groups, admission and staleness apply as for native episodes.
 
 Modules: :mod:`~agentrl.gateway.config` (:class:`GatewayConfig`), :mod:`~agentrl.gateway.protocol` (OpenAI
-request validation, error bodies), :mod:`~agentrl.gateway.sessions` (assembly), :mod:`~agentrl.gateway.store` (live
-sessions, bounds, metrics), :mod:`~agentrl.gateway.server` (aiohttp), :mod:`~agentrl.gateway.harness` (manager
-integration). Standalone: ``agentrl gateway --model DIR``.
+request validation, error bodies), :mod:`~agentrl.gateway.planning` (segments, where a prompt goes),
+:mod:`~agentrl.gateway.choices` (generations as the client's choices), :mod:`~agentrl.gateway.sessions` (assembly:
+sampling and commits), :mod:`~agentrl.gateway.store` (live sessions, bounds, metrics, the render thread),
+:mod:`~agentrl.gateway.guard` (Host, Origin, content type, timeouts; shared with the viewer),
+:mod:`~agentrl.gateway.keys` (the server key and issued session keys),
+:mod:`~agentrl.gateway.responses` (response bodies, streaming), :mod:`~agentrl.gateway.server` (aiohttp),
+:mod:`~agentrl.gateway.harness` (manager integration). Standalone: ``agentrl gateway --model DIR``.
 
 Python API::
 

@@ -17,6 +17,11 @@
     top_p: 1.0
     top_k: -1
     out: null                # JSONL file the finished sessions' trajectories are appended to
+    allowed_hosts: null      # Host names clients reach the server by; null: loopback names + host ("*": any)
+    allowed_origins: []      # browser origins allowed to call the API (requests with any other Origin: 403)
+    idle_timeout_s: 15       # a connection without a complete request header for this long is closed
+    body_timeout_s: 60       # a request body not received within this: 408
+    render_timeout_s: 30     # rendering + tokenizing one request's prompt (in a worker thread): else 503
     chat: {family: auto}     # agentrl.chat.ChatConfig
 """
 
@@ -28,6 +33,7 @@ from typing import Literal
 from agentrl.chat import ChatConfig
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+ISSUED_PREFIX = "sk-agentrl-"  # the keys Gateway.open_session issues; a token with it that is not live is refused
 
 
 @dataclass
@@ -42,6 +48,14 @@ class GatewayConfig:
     ``chat``: the model family and template options; its ``template_mode`` is not used, because the gateway never
     changes what a harness sends: a conversation the template renders differently from the session's tokens starts
     a new segment (the agent loop's ``split``). Metrics are cumulative since the gateway started.
+
+    Exposure (:mod:`agentrl.gateway.guard`): ``allowed_hosts`` are the names (no port) a request's ``Host`` may
+    carry, on the bound port (421 otherwise: DNS rebinding); ``None`` means the loopback names plus ``host``, or
+    any name when ``host`` is a wildcard (0.0.0.0, ::), which requires ``api_key``. ``allowed_origins`` lists the
+    browser origins (``scheme://host[:port]``) whose requests are served (with CORS headers, so their pages can
+    read the answers); requests with any other ``Origin`` are refused. ``idle_timeout_s`` closes connections that send no complete request header in time (slow or idle
+    clients, before any key is checked); ``body_timeout_s`` bounds reading a body; ``render_timeout_s`` bounds
+    rendering and tokenizing a prompt, which run in a worker thread so that the event loop keeps serving.
     """
 
     host: str = "127.0.0.1"
@@ -61,14 +75,21 @@ class GatewayConfig:
     max_resubmits: int = 64
     keepalive_s: float = 15.0
     out: str | None = None
+    allowed_hosts: list[str] | None = None
+    allowed_origins: list[str] = field(default_factory=list)
+    idle_timeout_s: float = 15.0
+    body_timeout_s: float = 60.0
+    render_timeout_s: float = 30.0
     chat: ChatConfig = field(default_factory=ChatConfig)
 
     def validate(self) -> None:
         if self.host not in LOOPBACK and not self.api_key:
             raise ValueError(f"api_key: binding to {self.host!r} (reachable from other machines) requires an API key; "
                              f"set api_key (or bind to 127.0.0.1)")
-        if self.api_key is not None and (len(self.api_key) < 8 or ":" in self.api_key):
-            raise ValueError("api_key must be at least 8 characters without ':' (':' separates a session id)")
+        if self.api_key is not None and (len(self.api_key) < 8 or ":" in self.api_key or not self.api_key.isascii()
+                                         or not self.api_key.isprintable() or self.api_key.startswith(ISSUED_PREFIX)):
+            raise ValueError(f"api_key must be at least 8 printable ASCII characters without ':' (':' separates a "
+                             f"session id), not starting with {ISSUED_PREFIX!r} (the issued session keys' prefix)")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in ("max_request_bytes", "max_n", "max_sessions", "max_session_tokens"):
@@ -76,8 +97,16 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1 or null, got {self.max_tokens}")
-        if self.session_idle_s <= 0 or self.keepalive_s <= 0:
-            raise ValueError("session_idle_s and keepalive_s must be > 0")
+        for name in ("session_idle_s", "keepalive_s", "idle_timeout_s", "body_timeout_s", "render_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.allowed_hosts is not None and (not isinstance(self.allowed_hosts, list) or not all(
+                isinstance(h, str) and h and h.count(":") != 1 for h in self.allowed_hosts)):
+            raise ValueError(f"allowed_hosts must be a list of host names without a port (or '*'), got "
+                             f"{self.allowed_hosts!r:.200}")
+        if not isinstance(self.allowed_origins, list) or not all(isinstance(o, str) for o in self.allowed_origins):
+            raise ValueError(f"allowed_origins must be a list of origins such as 'https://app.example', got "
+                             f"{self.allowed_origins!r:.200}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"temperature >= 0, top_p in (0, 1], top_k -1 or >= 1; got {self.temperature}, "
                              f"{self.top_p}, {self.top_k}")

@@ -81,11 +81,60 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     """Returns the request body as a JSON object; raises :class:`APIError` for anything else."""
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(None, f"request body is not valid JSON ({e}); send a JSON object", "invalid_json") from None
+    except (ValueError, RecursionError) as e:  # ValueError: bad JSON, bad UTF-8, an integer of over 4,300 digits
+        raise bad(None, f"request body is not valid JSON ({str(e)[:200] or 'nested too deeply'}); send a JSON object",
+                  "invalid_json") from None
     if not isinstance(body, dict):
         raise bad(None, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
     return body
+
+
+MAX_ABS_REWARD = 1e9  # rewards beyond this are a bug or an attack, and would swamp any advantage estimate
+MAX_INFO_DEPTH = 32
+RESERVED_INFO = "gateway/"  # the session's own counters; a client's info cannot overwrite them
+
+
+def _depth(x: Any, limit: int) -> int:
+    """Nesting depth of a JSON value (iterative: a hostile value cannot exhaust the stack); stops past ``limit``."""
+    deepest, stack = 0, [(x, 1)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(v, dict):
+            stack.extend((c, d + 1) for c in v.values())
+        elif isinstance(v, list):
+            stack.extend((c, d + 1) for c in v)
+    return deepest
+
+
+def check_end_body(body: dict[str, Any]) -> tuple[float, dict[str, Any], bool]:
+    """Validates ``POST /v1/sessions/<id>/end``'s body: ``(reward, info, return_trajectory)``. ``reward`` is a
+    finite number within ``MAX_ABS_REWARD``; ``info`` an object, at most ``MAX_INFO_DEPTH`` deep, strict JSON (no
+    NaN/Infinity, which would make the JSONL unreadable for strict readers), without ``gateway/`` keys."""
+    reward = body.get("reward", 0.0)
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not -MAX_ABS_REWARD <= reward <= MAX_ABS_REWARD:
+        raise bad("reward", f"reward must be a finite number in [-{MAX_ABS_REWARD:g}, {MAX_ABS_REWARD:g}], got "
+                            f"{str(reward)[:40]}")
+    info = body.get("info")
+    if info is None:
+        info = {}
+    if not isinstance(info, dict):
+        raise bad("info", f"info must be an object, got {type(info).__name__}")
+    if _depth(info, MAX_INFO_DEPTH) > MAX_INFO_DEPTH:
+        raise bad("info", f"info is nested deeper than {MAX_INFO_DEPTH} levels")
+    taken = [k for k in info if k.startswith(RESERVED_INFO)]
+    if taken:
+        raise bad("info", f"info keys starting with {RESERVED_INFO!r} are the gateway's own counters: {taken[:5]}")
+    try:
+        json.dumps(info, allow_nan=False)
+    except ValueError as e:
+        raise bad("info", f"info must be strict JSON (no NaN or Infinity): {e}") from None
+    want = body.get("return_trajectory", False)
+    if not isinstance(want, bool):
+        raise bad("return_trajectory", "return_trajectory must be a boolean")
+    return float(reward), info, want
 
 
 def _num(body: dict, key: str, lo: float, hi: float, integer: bool = False) -> Any:

@@ -13,31 +13,31 @@ Routes (each also under ``/s/<session>/``, so a client whose only setting is a b
     GET  /health
 
 **Sessions.** A request's session is, in this order: the path's ``/s/<session>/``, the ``X-Agentrl-Session``
-header, the API key (a per-session key issued by :meth:`Gateway.open_session`; ``<api_key>:<session>`` when the
-server has a key; the bearer token itself when it has none), else ``default``. Unknown sessions are created on first
-use (up to ``max_sessions`` live).
+header, the API key (a per-session key issued by :meth:`Gateway.open_session`, or the ``<session>`` of
+``<key>:<session>``), else ``default``. A credential is never an identifier: a bearer token itself never names a
+session, so no key ends up in ``/v1/sessions`` or the JSONL. Unknown sessions are created on first use (up to
+``max_sessions`` live); a request that fails leaves no session behind.
 
-**Security.** The server binds to 127.0.0.1 unless configured otherwise, and any other address needs
-``api_key``. Keys are compared in constant time (:func:`hmac.compare_digest`); issued session keys are looked up by
-their SHA-256, so lookup time reveals nothing about a key. Request bodies are bounded (``max_request_bytes``), as
-are ``max_tokens``, ``n``, live sessions and tokens per session. Every failure is an OpenAI error body
-(``{"error": {"message", "type", "param", "code"}}``) with a 4xx/5xx status; no request can crash the server, and a
-failed request leaves its session as it was.
+**Security.** Before any handler: the ``Host`` must be an allowed name on the bound port (421: DNS rebinding), an
+``Origin`` must be allowed (403) and a POST body must be ``application/json`` (415: cross-site simple requests), see
+:mod:`agentrl.gateway.guard`; slow headers, bodies and idle connections time out. The server binds to 127.0.0.1
+unless configured otherwise, and any other address needs ``api_key``. Keys are compared in constant time
+(:mod:`~agentrl.gateway.keys`); issued session keys are looked up by their SHA-256, so lookup time reveals nothing
+about a key; an issued-looking key (``sk-agentrl-``) that is not live (its session ended) is refused even when the
+server has no key. Request bodies are bounded (``max_request_bytes``), as are ``max_tokens``, ``n``, live sessions,
+tokens per session, ``end``'s reward and info, and the time a prompt takes to render (in a worker thread, off the
+event loop). Every failure is an OpenAI error body (``{"error": {"message", "type", "param", "code"}}``) with a
+4xx/5xx status; no request can crash the server, a failed request leaves its session as it was, and a client that
+hangs up is counted (``gateway/errors/client_disconnected``), not logged as a server error.
 
-**Streaming.** ``stream: true`` answers with server-sent events in OpenAI's chunk format (role, content /
-reasoning / tool-call deltas, finish reason, optional usage chunk, ``[DONE]``). The engine interface returns whole
-completions, so the deltas are sent once the completion is done; SSE comments keep the connection alive meanwhile.
+**Streaming** and the response bodies: :mod:`~agentrl.gateway.responses`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import json
 import logging
 import re
-import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -45,16 +45,23 @@ from typing import Any
 from aiohttp import web
 
 from agentrl.chat import ChatRenderer
+from agentrl.gateway.choices import Completion
 from agentrl.gateway.config import GatewayConfig
-from agentrl.gateway.protocol import APIError, bad, new_id, now, parse_chat, parse_completion, parse_json, sse, usage
-from agentrl.gateway.sessions import Choice, Completion, Session
+from agentrl.gateway.guard import HostCheck, app_runner, cross_site_problem, default_hosts, origin_allowed
+from agentrl.gateway.keys import Keys
+from agentrl.gateway.protocol import APIError, bad, check_end_body, parse_chat, parse_completion, parse_json
+from agentrl.gateway.responses import chat_body, completion_body, stream_response
+from agentrl.gateway.sessions import Session
 from agentrl.gateway.store import SessionStore
 from agentrl.inference.base import InferenceEngine
 from agentrl.trajectory import Trajectory
 
 log = logging.getLogger("agentrl.gateway")
-_SID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_SID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")  # fullmatch: "$" would accept a trailing newline
 SESSION_HEADER = "X-Agentrl-Session"
+PREFLIGHT_HEADERS = {"Access-Control-Allow-Methods": "GET, POST",
+                     "Access-Control-Allow-Headers": f"Authorization, Content-Type, api-key, {SESSION_HEADER}",
+                     "Access-Control-Max-Age": "600"}
 
 
 def _error_response(e: APIError) -> web.Response:
@@ -83,9 +90,10 @@ class Gateway:
         self.model_name = self.cfg.model_name or model_name or (Path(path).name if path else "agentrl")
         self._out = open(self.cfg.out, "a") if self.cfg.out else None
         self.store = SessionStore(renderer, engine, self.cfg, self._write if self._out else None)
-        self._keys: dict[str, str] = {}  # sha256(issued key) -> session id
+        self._keys = Keys(self.cfg.api_key)
         self._runner: web.AppRunner | None = None
         self._site_port: int | None = None
+        self._hosts = HostCheck(self._host_names(), self.cfg.port)
         self.errors: dict[str, int] = {}
         self._expiry: asyncio.Task | None = None
 
@@ -102,16 +110,18 @@ class Gateway:
         app.router.add_post("/v1/sessions/{id}/end", self.end_session)
         app.router.add_get("/metrics", self.metrics_handler)
         app.router.add_get("/health", self.health)
+        app.on_response_prepare.append(self._cors)
         return app
 
     async def start(self) -> "Gateway":
         """Starts listening on ``cfg.host:cfg.port`` (port 0: a free one, see :attr:`port`)."""
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self._runner = app_runner(self.app(), self.cfg.idle_timeout_s, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
         await site.start()
         sockets = getattr(site._server, "sockets", None) or []  # the only way aiohttp exposes the bound port
         self._site_port = sockets[0].getsockname()[1] if sockets else self.cfg.port
+        self._hosts = HostCheck(self._host_names(), self.port)
         self._expiry = asyncio.ensure_future(self._expire_loop())
         log.info("gateway listening on %s (model %r)", self.url, self.model_name)
         return self
@@ -125,6 +135,7 @@ class Gateway:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self.store.shutdown()
         if self._out is not None:
             for sid in list(self.store.sessions):
                 self.store.end(sid, 0.0, {"gateway/ended": "shutdown"}, "truncated")
@@ -136,6 +147,9 @@ class Gateway:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.stop()
+
+    def _host_names(self) -> list[str] | None:
+        return self.cfg.allowed_hosts if self.cfg.allowed_hosts is not None else default_hosts(self.cfg.host)
 
     @property
     def port(self) -> int:
@@ -166,26 +180,41 @@ class Gateway:
         if sid in self.store.sessions:
             raise ValueError(f"session {sid!r} is already live")
         s = self.store.get(sid, True, meta)
-        key = "sk-agentrl-" + secrets.token_urlsafe(24)
-        self._keys[hashlib.sha256(key.encode()).hexdigest()] = sid
-        s.meta["_key_hash"] = hashlib.sha256(key.encode()).hexdigest()
+        key, s.meta["_key_hash"] = self._keys.issue(sid)
         return s, key
 
     def close_session(self, sid: str) -> Session | None:
         """Forgets session ``sid`` and revokes its key; returns it (its tokens stay readable) or None."""
         s = self.store.discard(sid)
         if s is not None:
-            self._keys.pop(s.meta.get("_key_hash", ""), None)
+            self._keys.revoke(s.meta.get("_key_hash", ""))
         return s
 
     # -- request plumbing -------------------------------------------------------------------------------------------
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
         try:
+            if not self._hosts.allows(request.headers.get("Host")):
+                raise APIError(421, f"unexpected Host header {request.headers.get('Host', '')[:100]!r}: this gateway is "
+                                    f"reached as {sorted(self._hosts.names or [])} (allowed_hosts)",
+                               code="misdirected_request")
+            problem = cross_site_problem(request, self.cfg.allowed_origins)
+            if problem is not None:
+                status, code, message = problem
+                raise APIError(status, message, "permission_error" if status == 403 else "invalid_request_error",
+                               None, code)
+            if request.method == "OPTIONS" and "Origin" in request.headers:  # an allowed origin's CORS preflight
+                return web.Response(status=204, headers=PREFLIGHT_HEADERS)
             return await handler(request)
+        except ConnectionResetError:  # the client hung up: not the server's fault (this answer reaches no one)
+            self._hung_up(request)
+            return _error_response(APIError(400, "the client hung up", code="client_disconnected"))
         except APIError as e:
             self.errors[e.code or e.type] = self.errors.get(e.code or e.type, 0) + 1
-            return _error_response(e)
+            resp = _error_response(e)
+            if e.status == 408:
+                resp.force_close()  # the rest of a slow body is not waited for
+            return resp
         except web.HTTPException as e:
             if e.status == 413:
                 return _error_response(APIError(413, f"request body over {self.cfg.max_request_bytes} bytes "
@@ -199,28 +228,26 @@ class Gateway:
             self.errors["server_error"] = self.errors.get("server_error", 0) + 1
             return _error_response(APIError(500, f"internal error: {e!r:.500}", "server_error", None, "internal_error"))
 
+    async def _cors(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Lets an allowed origin's page read the response (other origins get a 403 without CORS headers)."""
+        origin = request.headers.get("Origin")
+        if origin is not None and origin_allowed(origin, self.cfg.allowed_origins):  # before headers are written
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Vary"] = "Origin"
+
+    def _hung_up(self, request: web.Request) -> None:
+        self.errors["client_disconnected"] = self.errors.get("client_disconnected", 0) + 1
+        log.debug("gateway: %s %s: the client hung up", request.method, request.path)
+
     def _auth(self, request: web.Request) -> tuple[str | None, str | None]:
-        """Checks the API key; returns ``(session the key names or None, issued-key session or None)``."""
-        header = request.headers.get("Authorization", "")
-        token = header[7:].strip() if header.lower().startswith("bearer ") else request.headers.get("api-key", "")
-        if token:
-            sid = self._keys.get(hashlib.sha256(token.encode()).hexdigest())
-            if sid is not None:
-                return sid, sid
-        key = self.cfg.api_key
-        if key is None:
-            return (token or None), None
-        given, _, named = token.partition(":")
-        # compare_digest on equal-length digests: no early exit on the first differing byte, no length leak
-        if not hmac.compare_digest(hashlib.sha256(given.encode()).digest(), hashlib.sha256(key.encode()).digest()):
-            raise APIError(401, "invalid API key: send 'Authorization: Bearer <api_key>' (or '<api_key>:<session>')",
-                           "authentication_error", None, "invalid_api_key")
-        return (named or None), None
+        """``(session the key names or None, issued-key session or None)``; 401 for a bad key (see
+        :mod:`agentrl.gateway.keys`)."""
+        return self._keys.check(request.headers.get("Authorization", ""), request.headers.get("api-key", ""))
 
     def _session(self, request: web.Request) -> Session:
         key_sid, issued = self._auth(request)
         sid = request.match_info.get("sid") or request.headers.get(SESSION_HEADER) or key_sid or "default"
-        if not _SID.match(sid):
+        if not _SID.fullmatch(sid):
             raise bad(None, f"session id {sid[:60]!r} must be 1-128 letters, digits or ._:-", "invalid_session")
         if issued is not None and sid != issued:
             raise APIError(403, "this API key belongs to another session", "permission_error", None,
@@ -236,9 +263,12 @@ class Gateway:
             raise APIError(413, f"request body of {request.content_length} bytes is over max_request_bytes={limit}",
                            code="request_too_large")
         try:
-            raw = await request.read()
+            raw = await asyncio.wait_for(request.read(), self.cfg.body_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             raise APIError(413, f"request body over max_request_bytes={limit}", code="request_too_large") from None
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within body_timeout_s={self.cfg.body_timeout_s}",
+                           code="body_timeout") from None
         return parse_json(raw)
 
     def _check_model(self, model: str) -> None:
@@ -261,113 +291,31 @@ class Gateway:
         req = parse_chat(await self._body(request))
         self._check_model(req.model)
         session = self._session(request)
+        work = self._forget_on_failure(session, session.chat(req))
         if req.stream:
-            return await self._stream(request, session.chat(req), req.model, req.include_usage, chat=True)
-        done = await session.chat(req)
-        return web.json_response({
-            "id": new_id("chatcmpl"), "object": "chat.completion", "created": now(), "model": req.model,
-            "choices": [self._chat_choice(c, req.sampling.logprobs) for c in done.choices],
-            "usage": usage(done.prompt_tokens, done.completion_tokens),
-        })
+            return await stream_response(request, work, req.model, req.include_usage, chat=True,
+                                         keepalive_s=self.cfg.keepalive_s, on_hang_up=self._hung_up)
+        return web.json_response(chat_body(await work, req.model, req.sampling.logprobs))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)
         req = parse_completion(await self._body(request))
         self._check_model(req.model)
         session = self._session(request)
+        work = self._forget_on_failure(session, session.complete(req))
         if req.stream:
-            return await self._stream(request, session.complete(req), req.model, req.include_usage, chat=False)
-        done = await session.complete(req)
-        return web.json_response({
-            "id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": req.model,
-            "choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
-                         "logprobs": self._text_logprobs(c) if req.sampling.logprobs else None} for c in done.choices],
-            "usage": usage(done.prompt_tokens, done.completion_tokens),
-        })
+            return await stream_response(request, work, req.model, req.include_usage, chat=False,
+                                         keepalive_s=self.cfg.keepalive_s, on_hang_up=self._hung_up)
+        return web.json_response(completion_body(await work, req.model, req.sampling.logprobs))
 
-    @staticmethod
-    def _logprobs(c: Choice) -> dict[str, Any]:
-        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                            for t, lp in zip(c.token_texts, c.logprobs)]}
-
-    @staticmethod
-    def _text_logprobs(c: Choice) -> dict[str, Any]:
-        offsets, at = [], 0
-        for t in c.token_texts:
-            offsets.append(at)
-            at += len(t)
-        return {"tokens": c.token_texts, "token_logprobs": c.logprobs, "top_logprobs": None, "text_offset": offsets}
-
-    def _chat_choice(self, c: Choice, logprobs: bool) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": c.content}
-        if c.reasoning is not None:
-            msg["reasoning_content"] = c.reasoning
-        if c.tool_calls:
-            msg["tool_calls"] = c.tool_calls
-        return {"index": c.index, "message": msg, "finish_reason": c.finish_reason,
-                "logprobs": self._logprobs(c) if logprobs else None}
-
-    async def _stream(self, request: web.Request, work: Any, model: str, include_usage: bool, *,
-                      chat: bool) -> web.StreamResponse:
-        """Runs ``work`` (a session request) and answers with SSE chunks. Errors before the first byte are normal
-        error responses; later ones are an error event before ``[DONE]``."""
-        task = asyncio.ensure_future(work)
-        try:  # fail fast: validation errors raised before the engine is called still get a plain error response
-            done: Completion | None = await asyncio.wait_for(asyncio.shield(task), 0.05)
-        except asyncio.TimeoutError:
-            done = None
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+    async def _forget_on_failure(self, session: Session, work: Any) -> Completion:
+        """Awaits a session request; a failure leaves no session that served nothing (so failing requests cannot
+        fill ``max_sessions``)."""
         try:
-            while done is None:
-                try:
-                    done = await asyncio.wait_for(asyncio.shield(task), self.cfg.keepalive_s)
-                except asyncio.TimeoutError:
-                    await resp.write(b": keep-alive\n\n")
-        except APIError as e:
-            await resp.write(sse(e.body()))
-            await resp.write(b"data: [DONE]\n\n")
-            return resp
-        except (ConnectionResetError, asyncio.CancelledError):
-            task.cancel()
+            return await work
+        except BaseException:
+            self.store.forget_unused(session.id)
             raise
-        except Exception as e:
-            log.exception("gateway: streamed request failed")
-            await resp.write(sse(APIError(500, f"internal error: {e!r:.500}", "server_error").body()))
-            await resp.write(b"data: [DONE]\n\n")
-            return resp
-        cid, created = new_id("chatcmpl" if chat else "cmpl"), now()
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        for c in done.choices:
-            for delta, finish in (self._chat_deltas(c) if chat else [({"text": c.text}, None), ({"text": ""}, c.finish_reason)]):
-                choice: dict[str, Any] = {"index": c.index, "finish_reason": finish}
-                if chat:
-                    choice["delta"] = delta
-                    choice["logprobs"] = None
-                else:
-                    choice.update(delta)
-                    choice["logprobs"] = None
-                await resp.write(sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [choice]}))
-        if include_usage:
-            await resp.write(sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
-                                  "usage": usage(done.prompt_tokens, done.completion_tokens)}))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-
-    @staticmethod
-    def _chat_deltas(c: Choice) -> list[tuple[dict[str, Any], str | None]]:
-        out: list[tuple[dict[str, Any], str | None]] = [({"role": "assistant", "content": ""}, None)]
-        if c.reasoning:
-            out.append(({"reasoning_content": c.reasoning}, None))
-        if c.content:
-            out.append(({"content": c.content}, None))
-        for k, call in enumerate(c.tool_calls):
-            out.append(({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                         "function": {"name": call["function"]["name"],
-                                                      "arguments": call["function"]["arguments"]}}]}, None))
-        out.append(({}, c.finish_reason))
-        return out
 
     # -- session API ------------------------------------------------------------------------------------------------
     def _session_for_api(self, request: web.Request) -> str:
@@ -391,12 +339,7 @@ class Gateway:
     async def end_session(self, request: web.Request) -> web.Response:
         sid = self._session_for_api(request)
         body = await self._body(request) if request.can_read_body else {}
-        reward = body.get("reward", 0.0)
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward or abs(reward) == float("inf"):
-            raise bad("reward", f"reward must be a finite number, got {reward!r:.60}")
-        info = body.get("info") or {}
-        if not isinstance(info, dict):
-            raise bad("info", "info must be an object")
+        reward, info, want = check_end_body(body)  # everything is checked before the session is touched
         s = self.store.get(sid, create=False)
         if s.inflight:
             raise APIError(409, f"session {sid!r} has {s.inflight} request(s) in flight; end it after they return",
@@ -404,10 +347,7 @@ class Gateway:
         if s.meta.get("_key_hash"):
             raise APIError(403, f"session {sid!r} is owned by a training episode; it ends with its harness",
                            "permission_error", None, "session_owned")
-        want = body.get("return_trajectory", False)
-        if not isinstance(want, bool):
-            raise bad("return_trajectory", "return_trajectory must be a boolean")
-        traj = self.store.end(sid, float(reward), info)
+        traj = self.store.end(sid, reward, info)
         out = {"id": traj.id, "reward": traj.reward, "tokens": len(traj.token_ids), "sampled_tokens": traj.num_generated,
                "segments": len(traj.segments) or 1, "requests": traj.num_turns, "written": self.cfg.out}
         if want:

@@ -27,7 +27,11 @@ input, engine error, the session ended while it was sampled) changes nothing in 
 client hung up is still recorded (the engine sampled it; aiohttp does not cancel handlers on disconnect), so a
 retry of the same request is a drift, never a lost token. Ending a session aborts its engine requests in flight.
 
-The live sessions, their bounds and the gateway's counters are :class:`agentrl.gateway.store.SessionStore`'s.
+Modules: :mod:`~agentrl.gateway.planning` (segments, steps 1-2, in a worker thread), :mod:`~agentrl.gateway.choices`
+(reading generations into the client's choices), this module (sampling and the commit, on the event loop). A session
+knows its gateway only through its :class:`SessionContext` (renderer, engine, bounds, the worker thread) and tells
+it about commits through ``on_commit``; the live sessions, their bounds and the gateway's counters are
+:class:`agentrl.gateway.store.SessionStore`'s.
 
 Invariants (checked by :meth:`Session.token_record` through :meth:`agentrl.trajectory.Trajectory.validate`): token
 fields aligned; loss mask 1 exactly on sampled tokens, which carry the engine's log-prob and a version >= 0; every
@@ -42,106 +46,34 @@ import dataclasses
 import json
 import time
 import zlib
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 from agentrl.chat import ChatRenderer
+from agentrl.gateway.choices import Choice, Completion, assistant_key, read_chat, read_completion
+from agentrl.gateway.config import GatewayConfig
+from agentrl.gateway.planning import Plan, Segment, plan_chat, plan_prompt, snapshot
 from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, Sampling, bad
-from agentrl.inference.base import Generation, SamplingParams
+from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.policy import TokenRecord
 from agentrl.trajectory import Trajectory
 
-if TYPE_CHECKING:
-    from agentrl.gateway.store import SessionStore
+__all__ = ["Choice", "Completion", "Segment", "Session", "SessionContext"]
 
 
 @dataclass
-class Segment:
-    """One training sample: aligned token fields and the text the stream renders to (for matching)."""
+class SessionContext:
+    """What every session of one gateway shares, read-only: the renderer and engine, the config and the bounds
+    derived from the engine (``max_model_len``, ``max_tokens``, ``vocab_size``: 0 when unknown), and ``offload``,
+    which runs a planning function in the gateway's worker thread (bounded by ``render_timeout_s``)."""
 
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    text: str = ""
-    prompt_len: int = -1  # tokens before the segment's first sampled token
-
-    def add_fixed(self, ids: list[int]) -> None:
-        self.token_ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.versions += [-1] * len(ids)
-
-    def add_generated(self, gen: Generation) -> None:
-        if self.prompt_len < 0:
-            self.prompt_len = len(self.token_ids)
-        self.token_ids += gen.token_ids
-        self.loss_mask += [1] * len(gen.token_ids)
-        self.logprobs += [float(x) for x in gen.logprobs]
-        self.versions += [int(v) for v in gen.versions]
-
-
-@dataclass
-class Choice:
-    """One sampled completion as the client gets it, with its tokens. ``finish_reason`` is OpenAI's (``stop``,
-    ``length``, ``tool_calls``)."""
-
-    index: int
-    text: str
-    content: str | None
-    reasoning: str | None
-    tool_calls: list[dict[str, Any]]
-    finish_reason: str
-    token_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    parse_errors: list[str] = field(default_factory=list)
-    token_texts: list[str] = field(default_factory=list)  # filled when the client asked for logprobs
-    stream_ids: list[int] = field(default_factory=list)  # closing appended after the sampled tokens (mask 0)
-    stream_text: str = ""
-
-
-@dataclass
-class Completion:
-    """A request's result: its choices, prompt size, and how it was assembled (``appended`` to a segment or a
-    ``drift`` that started a new one; ``reason`` says why)."""
-
-    session_id: str
-    request: int
-    choices: list[Choice]
-    prompt_tokens: int
-    appended: bool
-    drift: bool
-    reason: str = ""
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(len(c.token_ids) for c in self.choices)
-
-
-@dataclass
-class _Plan:
-    prompt_ids: list[int]
-    new_ids: list[int]  # tokens added after the base segment's tokens (the whole prompt for a new segment)
-    text: str  # the prompt's text
-    base: Segment | None
-    base_len: int
-    drift: bool
-    reason: str = ""
-
-
-def _assistant_key(content: str | None, calls: list[dict[str, Any]]) -> str:
-    """The identity of an assistant message as OpenAI clients send it back (content, calls, call ids)."""
-    norm = []
-    for c in calls:
-        fn = c.get("function") or {}
-        args = fn.get("arguments", "")
-        try:
-            args = json.dumps(json.loads(args), sort_keys=True, ensure_ascii=False)
-        except (TypeError, ValueError):
-            pass
-        norm.append([fn.get("name"), args, c.get("id") or ""])
-    return json.dumps([(content or "").strip(), norm], ensure_ascii=False)
+    renderer: ChatRenderer
+    engine: InferenceEngine
+    cfg: GatewayConfig
+    max_model_len: int
+    max_tokens: int
+    vocab_size: int
+    offload: Callable[..., Awaitable[Any]]
 
 
 def _seed(base: int | None, *parts: Any) -> int | None:
@@ -151,14 +83,17 @@ def _seed(base: int | None, *parts: Any) -> int | None:
 
 
 class Session:
-    """One harness conversation's token record (see the module docstring). Created by :class:`SessionStore`.
+    """One harness conversation's token record (see the module docstring). Created by
+    :class:`~agentrl.gateway.store.SessionStore`.
 
-    ``meta``: what the creator attached (trajectory and group ids, task). ``listeners`` are called with every
-    :class:`Completion` once it is committed (the manager integration turns them into actions)."""
+    ``meta``: what the creator attached (trajectory and group ids, task). ``on_commit`` (the store's counters) and
+    then ``listeners`` (the manager integration, which turns them into actions) are called with every
+    :class:`Completion` once it is committed."""
 
-    def __init__(self, sid: str, store: "SessionStore", meta: dict[str, Any] | None = None):
-        self.id, self.store, self.meta = sid, store, dict(meta or {})
-        self.r: ChatRenderer = store.renderer
+    def __init__(self, sid: str, ctx: SessionContext, meta: dict[str, Any] | None = None,
+                 on_commit: Callable[[Completion], None] | None = None):
+        self.id, self.ctx, self.meta, self.on_commit = sid, ctx, dict(meta or {}), on_commit
+        self.r: ChatRenderer = ctx.renderer
         self.segments: list[Segment] = []
         self.requests = 0
         self.closed = False
@@ -195,51 +130,18 @@ class Session:
         except RuntimeError:
             return  # no loop (a synchronous caller): nothing can be in flight either
         for rid in list(self._live):
-            task = loop.create_task(self.store.engine.abort(rid))
+            task = loop.create_task(self.ctx.engine.abort(rid))
             self._aborts.add(task)
             task.add_done_callback(self._aborts.discard)
 
-    # -- planning ---------------------------------------------------------------------------------------------------
-    def _plan_text(self, text: str, role: str | None) -> _Plan:
-        best: Segment | None = None
-        for seg in self.segments:
-            if (best is None or len(seg.text) >= len(best.text)) and seg.text and text.startswith(seg.text):
-                best = seg
-        if best is not None:
-            c = self.r.continue_text(best.text, text, role)
-            if c.kind == "append":
-                return _Plan(best.token_ids + c.ids, list(c.ids), text, best, len(best.token_ids), False)
-            reason = c.reason
-        elif self.segments:
-            last = self.segments[-1].text
-            i = next((k for k, (a, b) in enumerate(zip(last, text)) if a != b), min(len(last), len(text)))
-            reason = (f"the prompt does not extend any of the session's {len(self.segments)} segments (vs. the last: "
-                      f"first difference at character {i}: {last[i:i + 40]!r} became {text[i:i + 40]!r})")
-        else:
-            reason = ""
-        ids = self.r.encode(text)
-        return _Plan(ids, ids, text, None, 0, bool(self.segments), reason)
-
-    def _plan_ids(self, ids: list[int]) -> _Plan:
-        best: Segment | None = None
-        for seg in self.segments:
-            n = len(seg.token_ids)
-            if (best is None or n >= len(best.token_ids)) and n and ids[:n] == seg.token_ids:
-                best = seg
-        if best is not None:
-            new = ids[len(best.token_ids):]
-            return _Plan(list(ids), new, best.text + self.r.decode_after(best.token_ids, new), best,
-                         len(best.token_ids), False)
-        return _Plan(list(ids), list(ids), self.r.decode(ids), None, 0, bool(self.segments),
-                     "the prompt's token ids do not extend any segment" if self.segments else "")
-
+    # -- planning -------------------------------------------------------------------------------------------------
     def _for_template(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The request's messages as the template reads them: assistant turns the gateway returned are swapped for
         the message it recorded; other assistant tool calls get their arguments in the family's form."""
         out = []
         for m in messages:
             if m["role"] == "assistant":
-                ours = self._ours.get(_assistant_key(m.get("content"), m.get("tool_calls") or []))
+                ours = self._ours.get(assistant_key(m.get("content"), m.get("tool_calls") or []))
                 if ours is not None:
                     self.stats["substituted"] += 1
                     out.append(copy.deepcopy(ours))
@@ -259,8 +161,8 @@ class Session:
 
     # -- sampling ---------------------------------------------------------------------------------------------------
     def _params(self, s: Sampling, room: int) -> SamplingParams:
-        cfg = self.store.cfg
-        cap = self.store.max_tokens
+        cfg = self.ctx.cfg
+        cap = self.ctx.max_tokens
         if s.max_tokens is not None and s.max_tokens > cap:
             raise bad("max_tokens", f"max_tokens={s.max_tokens} is over this gateway's limit of {cap}",
                       "max_tokens_too_large")
@@ -278,9 +180,9 @@ class Session:
     async def _sample(self, prompt: list[int], params: SamplingParams, rid: str) -> Generation:
         """Returns one completion's tokens; aborted requests (weight updates in abort mode) are resubmitted with the
         tokens so far (the agent loop's rule), each token keeping the version that produced it."""
-        engine = self.store.engine
+        engine = self.ctx.engine
         out = Generation(token_ids=[], logprobs=[], versions=[], finish_reason="length")
-        for attempt in range(self.store.cfg.max_resubmits + 1):
+        for attempt in range(self.ctx.cfg.max_resubmits + 1):
             remaining = params.max_tokens - len(out.token_ids)
             if remaining <= 0:
                 out.finish_reason = "length"
@@ -303,25 +205,25 @@ class Session:
             if gen.finish_reason != "abort" or self.closed:
                 return out
             self.stats["resubmits"] += 1
-        raise RuntimeError(f"request {rid}: aborted {self.store.cfg.max_resubmits + 1} times (max_resubmits)")
+        raise RuntimeError(f"request {rid}: aborted {self.ctx.cfg.max_resubmits + 1} times (max_resubmits)")
 
-    async def _sample_n(self, plan: _Plan, s: Sampling) -> tuple[list[Generation], SamplingParams]:
+    async def _sample_n(self, plan: Plan, s: Sampling) -> tuple[list[Generation], SamplingParams]:
         r = self.r
         closing = len(r.closing_ids)
-        limit = self.store.max_model_len
+        limit = self.ctx.max_model_len
         room = limit - len(plan.prompt_ids) - closing
         if room < 1:
             raise bad("messages", f"this model's maximum context length is {limit} tokens; the prompt has "
                                   f"{len(plan.prompt_ids)} (plus {closing} for the closing), which leaves no room to "
                                   f"generate", "context_length_exceeded")
-        if s.n > self.store.cfg.max_n:
-            raise bad("n", f"n={s.n} is over this gateway's limit of {self.store.cfg.max_n}")
+        if s.n > self.ctx.cfg.max_n:
+            raise bad("n", f"n={s.n} is over this gateway's limit of {self.ctx.cfg.max_n}")
         params = self._params(s, room)
-        budget = self.store.cfg.max_session_tokens - self.num_tokens
+        budget = self.ctx.cfg.max_session_tokens - self.num_tokens
         need = s.n * (len(plan.prompt_ids) + params.max_tokens + closing)
         if need > budget:
             raise bad(None, f"session {self.id!r} would exceed max_session_tokens="
-                            f"{self.store.cfg.max_session_tokens} ({self.num_tokens} recorded, up to {need} more); end "
+                            f"{self.ctx.cfg.max_session_tokens} ({self.num_tokens} recorded, up to {need} more); end "
                             f"the session and start a new one", "session_token_limit")
         base_seed = params.seed
         if s.n == 1:
@@ -344,80 +246,46 @@ class Session:
         that cannot be served (the session is then unchanged)."""
         self._check_open()
         tools = req.tools
-        msgs = self._for_template(req.messages)
+        self._begin()  # in flight from here: the session is neither expired nor forgotten while it renders
         try:
-            text = self.r.render(msgs, add_generation_prompt=True, tools=tools)
-        except Exception as e:  # a template's own raise_exception() or a Jinja error: the client's input
-            raise bad("messages", f"the model's chat template cannot render these messages: {e}",
-                      "template_error") from None
-        plan = self._plan_text(text, msgs[-1].get("role"))
-        self._begin()
-        try:
-            gens, _ = await self._sample_n(plan, req.sampling)
-        finally:
-            self.inflight -= 1
-        self._check_open()  # ended while the engine was sampling: its trajectory is already taken
-        choices = [self._read_chat(plan, g, tools, req.tool_choice, i, req.sampling.logprobs)
-                   for i, g in enumerate(gens)]
-        self.last_messages = req.messages
-        return self._commit(plan, choices)
-
-    async def complete(self, req: CompletionRequest) -> Completion:
-        """Serves one completions request (text prompt or token ids), as :meth:`chat` does."""
-        self._check_open()
-        plan = self._plan_ids(req.prompt) if isinstance(req.prompt, list) else self._plan_text(req.prompt, None)
-        vocab = self.store.vocab_size
-        if vocab and any(t >= vocab for t in plan.prompt_ids):
-            raise bad("prompt", f"prompt has token ids outside the vocabulary [0, {vocab})")
-        self._begin()
-        try:
+            msgs = self._for_template(req.messages)
+            plan = await self.ctx.offload(plan_chat, self.r, msgs, tools, snapshot(self.segments))
+            self._check_open()
             gens, _ = await self._sample_n(plan, req.sampling)
         finally:
             self.inflight -= 1
         self._check_open()  # ended while the engine was sampling: its trajectory is already taken
         choices = []
         for i, g in enumerate(gens):
-            ids = list(g.token_ids)
-            while ids and ids[-1] in self.r.eos_ids:
-                ids.pop()
-            text = self.r.decode_after(plan.prompt_ids, ids)
-            text = _cut_stop(text, g.stop_reason)
-            choices.append(Choice(i, text, text, None, [], "length" if g.finish_reason == "length" else "stop",
-                                  list(g.token_ids), list(g.logprobs), list(g.versions),
-                                  token_texts=self._token_texts(g.token_ids, req.sampling.logprobs),
-                                  stream_text=self.r.decode_after(plan.prompt_ids, g.token_ids)))
+            choice, msg = read_chat(self.r, plan.prompt_ids, plan.text, g, tools, req.tool_choice, i,
+                                    req.sampling.logprobs, f"{self.id}/{self.requests}/{i}")
+            self._ours[assistant_key(choice.content, choice.tool_calls)] = msg
+            choices.append(choice)
+        self.last_messages = req.messages
+        return self._commit(plan, choices)
+
+    async def complete(self, req: CompletionRequest) -> Completion:
+        """Serves one completions request (text prompt or token ids), as :meth:`chat` does."""
+        self._check_open()
+        self._begin()
+        try:
+            plan = await self.ctx.offload(plan_prompt, self.r, req.prompt, snapshot(self.segments))
+            vocab = self.ctx.vocab_size
+            if vocab and any(t >= vocab for t in plan.prompt_ids):
+                raise bad("prompt", f"prompt has token ids outside the vocabulary [0, {vocab})")
+            self._check_open()
+            gens, _ = await self._sample_n(plan, req.sampling)
+        finally:
+            self.inflight -= 1
+        self._check_open()  # ended while the engine was sampling: its trajectory is already taken
+        choices = [read_completion(self.r, plan.prompt_ids, g, i, req.sampling.logprobs) for i, g in enumerate(gens)]
         return self._commit(plan, choices)
 
     def _begin(self) -> None:
         self.inflight += 1
         self.last_used = time.monotonic()
 
-    def _token_texts(self, ids: list[int], want: bool) -> list[str]:
-        return [self.r.decode([t]) for t in ids] if want else []
-
-    def _read_chat(self, plan: _Plan, g: Generation, tools: list[dict] | None, tool_choice: str, i: int,
-                   logprobs: bool) -> Choice:
-        r = self.r
-        end = r.end_turn(plan.prompt_ids[-4:], g.token_ids, tools)
-        native = r.family.tool_parser != "agentrl"
-        if tool_choice == "none":
-            content, reasoning, calls, errors = _cut_stop(end.text, g.stop_reason), None, [], []
-            msg: dict[str, Any] = {"role": "assistant", "content": end.text}
-        else:
-            prefix = r.generation_prefix(plan.text) if native else ""
-            turn, msg = r.read_turn(prefix + end.text, end.text_ids, tools, seed=f"{self.id}/{self.requests}/{i}")
-            if not native:
-                msg = {"role": "assistant", "content": end.text}  # the tiny model's template reads calls from text
-            content, reasoning, calls, errors = turn.content, turn.reasoning, turn.openai_tool_calls(), turn.errors
-            if not calls:
-                content = _cut_stop(content, g.stop_reason)
-        finish = "tool_calls" if calls else "length" if g.finish_reason == "length" else "stop"
-        self._ours[_assistant_key(content, calls)] = msg
-        return Choice(i, end.text, content if content or not calls else None, reasoning, calls, finish,
-                      list(g.token_ids), list(g.logprobs), list(g.versions), list(errors),
-                      self._token_texts(g.token_ids, logprobs), list(end.append_ids), end.stream_text)
-
-    def _commit(self, plan: _Plan, choices: list[Choice]) -> Completion:
+    def _commit(self, plan: Plan, choices: list[Choice]) -> Completion:
         """Records the choices (see the module docstring, step 4); never awaits, so commits are atomic."""
         self.requests += 1
         appended = False
@@ -450,7 +318,8 @@ class Session:
         self.last_used = time.monotonic()
         done = Completion(self.id, self.requests, choices, len(plan.prompt_ids), plan.base is not None, plan.drift,
                           plan.reason)
-        self.store.note(done)
+        if self.on_commit is not None:
+            self.on_commit(done)
         for fn in list(self.listeners):
             fn(done)
         return done
@@ -491,16 +360,7 @@ class Session:
                        logprobs=rec.logprobs, versions=rec.versions, prompt_len=rec.prompt_len, segments=rec.segments,
                        messages=list(self.last_messages), rewards=[float(reward)], reward=float(reward),
                        termination=termination,  # type: ignore[arg-type]
-                       num_turns=self.requests, info={**rec.info, **(info or {})},
+                       num_turns=self.requests, info={**(info or {}), **rec.info},  # the counters win
                        timings={"total_s": time.monotonic() - self.created})
         t.validate()
         return t
-
-
-def _cut_stop(text: str, stop_reason: Any) -> str:
-    """OpenAI (and vLLM) leave a matched stop string out of the returned text."""
-    if isinstance(stop_reason, str) and stop_reason:
-        at = text.find(stop_reason)
-        if at >= 0:
-            return text[:at]
-    return text

@@ -10,13 +10,15 @@ session aborts its engine requests in flight. The counters behind ``gateway/drif
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from agentrl.chat import ChatRenderer
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.protocol import APIError
-from agentrl.gateway.sessions import Completion, Session
+from agentrl.gateway.sessions import Completion, Session, SessionContext
 from agentrl.inference.base import InferenceEngine
 from agentrl.trajectory import Trajectory
 
@@ -33,11 +35,35 @@ class SessionStore:
         self.max_model_len: int = int(engine_len or 1 << 30)
         self.max_tokens = min(cfg.max_tokens or self.max_model_len, self.max_model_len)
         self.vocab_size = len(getattr(renderer.tokenizer, "get_vocab", dict)()) or 0
+        self.context = SessionContext(renderer, engine, cfg, self.max_model_len, self.max_tokens, self.vocab_size,
+                                      self.offload)
         self.sessions: dict[str, Session] = {}
         self.counts: dict[str, int] = {"requests": 0, "drift_candidates": 0, "drifts": 0, "choices": 0,
                                        "parse_errors": 0, "tool_calls": 0, "sampled_tokens": 0, "prompt_tokens": 0,
                                        "sessions_started": 0, "sessions_ended": 0, "segments_ended": 0,
                                        "sessions_expired": 0}
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Runs ``fn(*args)`` (rendering and tokenizing a prompt: seconds for a megabyte message) in the store's
+        worker thread, so the event loop keeps serving every other client; raises :class:`APIError` 503 when it
+        takes over ``render_timeout_s`` (the thread finishes its work, the request no longer waits for it). One
+        thread: the tokenizer is not shared between threads, and one huge request cannot take every core."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="agentrl-gateway-render")
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        try:
+            return await asyncio.wait_for(fut, self.cfg.render_timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(503, f"rendering and tokenizing the prompt took over render_timeout_s="
+                                f"{self.cfg.render_timeout_s}s (a very large request, or a busy server); retry or "
+                                f"send less", "server_error", None, "render_timeout") from None
+
+    def shutdown(self) -> None:
+        """Lets the worker thread go (a render still running finishes on its own)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def get(self, sid: str, create: bool = True, meta: dict[str, Any] | None = None) -> Session:
         """Returns the live session ``sid``, creating it when ``create``; raises :class:`APIError` when it is
@@ -52,7 +78,7 @@ class SessionStore:
             raise APIError(429, f"{len(self.sessions)} sessions are live (max_sessions={self.cfg.max_sessions}); end "
                                 f"one (POST /v1/sessions/ID/end) or retry later", "rate_limit_error", None,
                            "too_many_sessions")
-        s = self.sessions[sid] = Session(sid, self, meta)
+        s = self.sessions[sid] = Session(sid, self.context, meta, self.note)
         self.counts["sessions_started"] += 1
         return s
 
@@ -69,17 +95,29 @@ class SessionStore:
 
     def end(self, sid: str, reward: float = 0.0, info: dict[str, Any] | None = None,
             termination: str = "terminated") -> Trajectory:
-        """Ends session ``sid``: returns its trajectory (also given to the sink) and forgets it."""
-        s = self.sessions.pop(sid, None)
+        """Ends session ``sid``: returns its trajectory (also given to the sink) and forgets it. The trajectory is
+        built and given to the sink first: if either fails, the session stays live, its tokens kept."""
+        s = self.sessions.get(sid)
         if s is None:
             raise APIError(404, f"no live session {sid!r}", "invalid_request_error", None, "session_not_found")
-        s.close()
-        self.counts["sessions_ended"] += 1
-        self.counts["segments_ended"] += len(s.segments)
         traj = s.trajectory(reward, info, termination)
         if self.sink is not None:
             self.sink(traj)
+        del self.sessions[sid]
+        s.close()
+        self.counts["sessions_ended"] += 1
+        self.counts["segments_ended"] += len(s.segments)
         return traj
+
+    def forget_unused(self, sid: str) -> None:
+        """Forgets session ``sid`` if it never served a request and nothing is in flight or attached to it (a
+        failing request's session): failing requests cannot fill ``max_sessions``."""
+        s = self.sessions.get(sid)
+        if s is not None and s.requests == 0 and s.inflight == 0 and not s.segments and not s.meta \
+                and not s.listeners:
+            del self.sessions[sid]
+            s.close()
+            self.counts["sessions_started"] -= 1
 
     def discard(self, sid: str) -> Session | None:
         """Forgets session ``sid`` without a trajectory (its owner took the tokens itself)."""

@@ -172,12 +172,28 @@ def split_record(obj: Any) -> tuple[dict[str, Any] | None, dict[str, Any], str |
     return None, {}, "no trajectory in the record (expected 'trajectory', or a Trajectory's fields)"
 
 
+INT64 = 1 << 63
+
+
 def _int_or(x: Any, default: int) -> int:
-    return x if isinstance(x, int) and not isinstance(x, bool) else default
+    """``x`` if it is an int that fits the index's 64-bit columns, else ``default`` (missing)."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and -INT64 <= x < INT64 else default
+
+
+def finite_float(x: Any) -> float | None:
+    """``x`` as a finite float, or None (not a number, NaN, infinite, or an int too large for a float)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        f = float(x)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def _float_or_nan(x: Any) -> float:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else math.nan
+    f = finite_float(x)
+    return math.nan if f is None else f
 
 
 class TrajectoryIndex(LineFile):
@@ -220,7 +236,7 @@ class TrajectoryIndex(LineFile):
             try:
                 summary, _ = _DECODER.raw_decode(head)
                 if isinstance(summary, dict):
-                    return int(m.group(1)), summary, None
+                    return _int_or(int(m.group(1)), -1), summary, None
             except ValueError:
                 pass  # an odd line: parse it whole below
         obj, err = _parse(line)
@@ -229,8 +245,10 @@ class TrajectoryIndex(LineFile):
         traj, meta, err = split_record(obj)
         if err:
             return None, None, err
-        step = meta.get("step")
-        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        step = _int_or(meta.get("step"), -1)
+        step = step if step >= 0 else None
+        if isinstance(traj.get("reward"), int) and finite_float(traj["reward"]) is None:
+            traj = {**traj, "reward": None}  # an int past float range: summarize's float() would raise
         summary = summarize(traj, step)
         if isinstance(meta.get("success"), bool):
             summary["success"] = meta["success"]
@@ -253,7 +271,7 @@ class TrajectoryIndex(LineFile):
         self.offsets.append(offset)
         self.lengths.append(len(line))
         self.line_nos.append(line_no)
-        self.steps.append(step if step is not None else -1)
+        self.steps.append(step if step is not None and step >= 0 else -1)
         self.rewards.append(_float_or_nan(s.get("reward")))
         self.tokens.append(_int_or(s.get("tokens"), 0))
         self.generated.append(_int_or(s.get("generated"), 0))
@@ -463,8 +481,7 @@ class MetricsFile(LineFile):
         if not isinstance(obj, dict):
             self.problems.add(line_no, f"not a JSON object ({type(obj).__name__})")
             return
-        row = {str(k): float(v) for k, v in obj.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        row = {str(k): f for k, f in ((k, finite_float(v)) for k, v in obj.items()) if f is not None}
         if "step" not in row:
             self.problems.add(line_no, "no numeric 'step'")
             return

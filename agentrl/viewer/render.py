@@ -22,6 +22,7 @@ import math
 import re
 from typing import Any
 
+from agentrl.viewer.data import finite_float
 from agentrl.viewer.tokens import TokenDecoder
 
 _TOOL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
@@ -30,9 +31,7 @@ DIFF_SEGMENT_TOKENS = 4000  # longer segments are diffed by common prefix/suffix
 
 
 def _finite(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(x) else None
+    return finite_float(x)
 
 
 def _int(x: Any) -> int | None:
@@ -50,7 +49,7 @@ def _floats(xs: list[Any]) -> list[float | None]:
     """``xs`` with anything but a finite number replaced by ``None``."""
     if set(map(type, xs)) <= {float} and all(map(math.isfinite, xs)):
         return xs
-    return [float(x) if type(x) in (float, int) and math.isfinite(x) else None for x in xs]
+    return [finite_float(x) if type(x) in (float, int) else None for x in xs]
 
 
 def _text(x: Any, limit: int = MAX_FIELD_CHARS) -> str | None:

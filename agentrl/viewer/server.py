@@ -8,8 +8,10 @@ columns of ``metrics.jsonl``; ``/api/list?<filters>&offset=&limit=`` a page of t
 
 Security model (trajectory text is model output; treat it as hostile):
 
-- binds 127.0.0.1 by default; a request whose ``Host`` is not the address it was reached at is refused (421), so a
-  web page that rebinds its DNS name to 127.0.0.1 cannot read the API;
+- binds 127.0.0.1 by default; a request whose ``Host`` is not an allowed name on the bound port is refused (421), so
+  a web page that rebinds its DNS name to 127.0.0.1 cannot read the API (:mod:`agentrl.gateway.guard`, shared with
+  the gateway: the loopback names and the bound address by default, any name for a wildcard bind, or the names
+  given); a connection that sends no complete request header within ``idle_timeout_s`` is closed;
 - serves the run directory's known files only (``metrics.jsonl``, ``trajectories.jsonl``,
   ``trainer_logprobs.jsonl``, ``summary.json``), each checked to be a regular file whose real path is inside the
   directory (a link leading outside is refused and reported); rows are addressed by number, never by a path, and
@@ -17,14 +19,16 @@ Security model (trajectory text is model output; treat it as hostile):
 - every response carries a Content-Security-Policy allowing scripts and styles from this origin only (no inline
   script, no ``data:``/external origins), ``connect-src 'self'``, no frames, plus ``nosniff`` and
   ``no-referrer``; the page builds its DOM with ``textContent`` only;
-- nothing is fetched from or sent to anywhere else: the page has no external asset.
+- nothing is fetched from or sent to anywhere else: the page has no external asset;
+- the page shows bidi control characters (U+202E and the like, which can make ``safe\u202eexe.txt`` read as
+  "safetxt.exe") as visible ``⟨U+202E⟩`` marks; a lone surrogate in a file (``\udcff``) is sent as its JSON
+  escape; numbers beyond the index's 64-bit columns count as missing, never as an error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.resources
-import ipaddress
 import json
 import logging
 import math
@@ -35,6 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from agentrl.controller.runlog import TRAINER_LOGPROBS, TRAJECTORIES
+from agentrl.gateway.guard import HostCheck, app_runner, default_hosts
 from agentrl.viewer.data import (
     TERMINATIONS, Filter, LogprobIndex, MetricsFile, TrajectoryIndex, UnsafePath, open_nofollow, safe_file,
 )
@@ -57,7 +62,8 @@ SECURITY_HEADERS = {
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 MAX_PAGE = 500
 SUMMARY_MAX_BYTES = 1 << 20
-HOSTS = web.AppKey("allowed_hosts", dict)  # {"allowed": set of Host values, or None: any}
+HOSTS = web.AppKey("allowed_hosts", dict)  # {"check": the HostCheck of the bound port (None before start: any)}
+IDLE_TIMEOUT_S = 15.0
 DEFAULT_METRICS = ("reward", "train/loss", "train/staleness/mean", "train/staleness/max", "eval/reward")
 
 
@@ -190,7 +196,10 @@ def _json(obj: Any, status: int = 200) -> web.Response:
         body = json.dumps(obj, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except ValueError:
         body = json.dumps(_sanitize(obj), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    return web.Response(text=body, status=status, content_type="application/json")
+    # A lone surrogate (a "\udcff" escape in a file) cannot be UTF-8: it only occurs inside a JSON string, where
+    # backslashreplace writes exactly its JSON escape.
+    return web.Response(body=body.encode("utf-8", "backslashreplace"), status=status,
+                        content_type="application/json", charset="utf-8")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -213,26 +222,15 @@ def _int_param(request: web.Request, name: str, default: int | None = None, lo: 
     return v
 
 
-def _allowed_hosts(host: str, port: int) -> set[str] | None:
-    """Host header values accepted, or None (any) when bound to a non-loopback address on purpose."""
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback:
-        return None
-    return {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", f"{host}:{port}"}
-
-
 def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = None) -> web.Application:
-    """The aiohttp application over ``data``. ``app[HOSTS]["allowed"]``, the accepted ``Host`` values, is set by
-    :func:`start` once the port is known (``None``: any)."""
+    """The aiohttp application over ``data``. ``app[HOSTS]["check"]``, which ``Host`` values are accepted, is set
+    by :func:`start` once the port is known."""
     static = static if static is not None else load_static()
 
     @web.middleware
     async def security(request: web.Request, handler: Any) -> web.StreamResponse:
-        allowed = request.app[HOSTS]["allowed"]
-        if allowed is not None and request.headers.get("Host", "") not in allowed:
+        check = request.app[HOSTS]["check"]
+        if check is not None and not check.allows(request.headers.get("Host")):
             resp: web.StreamResponse = _error(421, "unexpected Host header")
         else:
             try:
@@ -246,7 +244,7 @@ def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = Non
         return resp
 
     app = web.Application(middlewares=[security])
-    app[HOSTS] = {"allowed": None}
+    app[HOSTS] = {"check": None}
 
     async def index(request: web.Request) -> web.Response:
         body, ctype = static["index.html"]
@@ -355,15 +353,18 @@ def make_app(data: RunData, *, static: dict[str, tuple[bytes, str]] | None = Non
     return app
 
 
-async def start(data: RunData, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
-    """Starts serving ``data``; returns the runner (``await runner.cleanup()`` stops it) and the page's URL."""
+async def start(data: RunData, host: str = "127.0.0.1", port: int = 0, *, allowed_hosts: list[str] | None = None,
+                idle_timeout_s: float = IDLE_TIMEOUT_S) -> tuple[web.AppRunner, str]:
+    """Starts serving ``data``; returns the runner (``await runner.cleanup()`` stops it) and the page's URL.
+    ``allowed_hosts``: the names the page may be reached by (default: loopback names and ``host``; any name for a
+    wildcard bind)."""
     app = make_app(data)
-    runner = web.AppRunner(app, access_log=None)
+    runner = app_runner(app, idle_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    app[HOSTS]["allowed"] = _allowed_hosts(host, bound)
+    app[HOSTS]["check"] = HostCheck(allowed_hosts if allowed_hosts is not None else default_hosts(host), bound)
     url_host = f"[{host}]" if ":" in host else host
 
     async def index_now() -> None:

@@ -1,6 +1,7 @@
 // agentrl view: the page's only script (served from this origin; no library, nothing fetched from elsewhere).
 // Every string from the run (trajectory text is model output) reaches the DOM through textContent or an SVG text
-// node, never parsed as HTML, so it cannot become markup. Routes live in the URL hash:
+// node, never parsed as HTML, so it cannot become markup, and through shown(), which marks bidi control characters
+// (a "safe\u202eexe.txt" would read as "safetxt.exe") as visible ⟨U+202E⟩. Routes live in the URL hash:
 //   #/?<filters>&page=N    the curves and the trajectory list
 //   #/t/<row>              one trajectory          #/diff/<a>/<b>   two trajectories of a group side by side
 "use strict";
@@ -9,10 +10,16 @@ const PAGE = 100;
 const $ = (id) => document.getElementById(id);
 const state = { run: null, view: null, diff: null, mode: "version", charts: [] };
 
+const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+function shown(text) {
+  return String(text).replace(BIDI, (c) => `⟨U+${c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`);
+}
+
 function el(tag, cls, text) {
   const e = document.createElement(tag);
   if (cls) e.className = cls;
-  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (text !== undefined && text !== null) e.textContent = shown(text);
   return e;
 }
 
@@ -45,7 +52,7 @@ function fmt(x, digits = 3) {
 
 function setStatus(text, isError) {
   const s = $("status");
-  s.textContent = text || "";
+  s.textContent = shown(text || "");
   s.className = isError ? "error" : "";
 }
 
@@ -87,12 +94,12 @@ function showProblems(run) {
 async function loadRun() {
   const run = await api("/api/run");
   state.run = run;
-  $("run-name").textContent = run.name;
+  $("run-name").textContent = shown(run.name);
   const parts = [`${run.rows} trajectories`];
   if (run.tokenizer) parts.push(`tokenizer ${run.tokenizer}`);
   const s = run.summary;
   if (s && s.eval_before && s.eval_after) parts.push(`held-out reward ${fmt(s.eval_before.reward)} → ${fmt(s.eval_after.reward)}`);
-  $("run-info").textContent = `${run.root} · ${parts.join(" · ")}`;
+  $("run-info").textContent = shown(`${run.root} · ${parts.join(" · ")}`);
   showProblems(run);
   const envSel = document.querySelector("#filters select[name=env]");
   const termSel = document.querySelector("#filters select[name=termination]");
@@ -149,7 +156,7 @@ function chart(title, xs, ys) {
   box.appendChild(head);
   const s = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img" });
   const t = svg("title");
-  t.textContent = title;
+  t.textContent = shown(title);
   s.appendChild(t);
   box.appendChild(s);
   if (!pts.length) return box;
@@ -231,7 +238,7 @@ async function loadList(q) {
       `${r.tokens} (${r.generated})`, r.turns, r.staleness];
     cells.forEach((c, i) => {
       const td = el("td", i === 3 || i === 4 ? "id" : null, c === null || c === undefined ? "–" : c);
-      if (i === 3) td.title = r.id;
+      if (i === 3) td.title = shown(r.id);
       if (i === 6) td.classList.add(`term-${r.termination}`);
       tr.appendChild(td);
     });
@@ -329,7 +336,7 @@ function renderChat(v, mode, same, container) {
       if (special[i]) c += " sp";
       if (tool[i]) c += " tc";
       sp.className = c;
-      sp.textContent = T.text ? T.text[i] : `⟨${T.ids[i]}⟩`;
+      sp.textContent = T.text ? shown(T.text[i]) : `⟨${T.ids[i]}⟩`;
       sp._i = i;
       part.appendChild(sp);
     }
@@ -378,7 +385,7 @@ function installTip(container) {
     const sp = ev.target;
     if (!(sp instanceof HTMLSpanElement) || sp._i === undefined) return;
     const col = sp.closest("[data-col]") || container;
-    tip.textContent = tipText(col._view, sp._i);
+    tip.textContent = shown(tipText(col._view, sp._i));
     tip.hidden = false;
   });
   container.addEventListener("mousemove", (ev) => {
@@ -415,7 +422,7 @@ function headRow(dl, label, value) {
   const d = el("div");
   d.appendChild(el("dt", null, label));
   const dd = el("dd", null, value);
-  dd.title = String(value);
+  dd.title = shown(value);
   d.appendChild(dd);
   dl.appendChild(d);
 }
@@ -506,7 +513,7 @@ async function showDiff(a, b) {
     const col = el("div", "col");
     col.dataset.col = label;
     const head = el("div", "col-head", `${label}: ${v.meta.id} · reward ${fmt(v.meta.reward)} · ${note}`);
-    head.title = v.meta.id;
+    head.title = shown(v.meta.id);
     col.appendChild(head);
     done.push(renderChat(v, "diff", same, col));
     chat.appendChild(col);
