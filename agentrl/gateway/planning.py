@@ -22,34 +22,23 @@ from typing import Any
 from agentrl.chat import ChatRenderer
 from agentrl.gateway.protocol import bad
 from agentrl.inference.base import Generation
+from agentrl.trajectory import TokenTape
 
 Snapshot = list[tuple["Segment", str, int]]  # (segment, its text, its length) when the request was planned
 
 
 @dataclass
-class Segment:
-    """One training sample: aligned token fields and the text the stream renders to (for matching)."""
+class Segment(TokenTape):
+    """One training sample: the aligned token arrays (:class:`~agentrl.trajectory.TokenTape`) and the text the
+    stream renders to (for matching)."""
 
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
     text: str = ""
     prompt_len: int = -1  # tokens before the segment's first sampled token
 
-    def add_fixed(self, ids: list[int]) -> None:
-        self.token_ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.versions += [-1] * len(ids)
-
-    def add_generated(self, gen: Generation) -> None:
+    def add_generation(self, gen: Generation) -> None:
         if self.prompt_len < 0:
             self.prompt_len = len(self.token_ids)
-        self.token_ids += gen.token_ids
-        self.loss_mask += [1] * len(gen.token_ids)
-        self.logprobs += [float(x) for x in gen.logprobs]
-        self.versions += [int(v) for v in gen.versions]
+        self.add_generated(gen.token_ids, gen.logprobs, gen.versions)
 
 
 @dataclass

@@ -45,7 +45,6 @@ import copy
 import dataclasses
 import json
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -55,6 +54,7 @@ from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.planning import Plan, Segment, plan_chat, plan_prompt, snapshot
 from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, Sampling, bad
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
+from agentrl.inference.resubmit import derive_seed, generate_resubmitting
 from agentrl.policy import TokenRecord
 from agentrl.trajectory import Trajectory
 
@@ -74,12 +74,6 @@ class SessionContext:
     max_tokens: int
     vocab_size: int
     offload: Callable[..., Awaitable[Any]]
-
-
-def _seed(base: int | None, *parts: Any) -> int | None:
-    if base is None:
-        return None
-    return zlib.crc32(repr((base,) + parts).encode()) & 0x7FFFFFFF
 
 
 class Session:
@@ -179,33 +173,24 @@ class Session:
 
     async def _sample(self, prompt: list[int], params: SamplingParams, rid: str) -> Generation:
         """Returns one completion's tokens; aborted requests (weight updates in abort mode) are resubmitted with the
-        tokens so far (the agent loop's rule), each token keeping the version that produced it."""
-        engine = self.ctx.engine
-        out = Generation(token_ids=[], logprobs=[], versions=[], finish_reason="length")
-        for attempt in range(self.ctx.cfg.max_resubmits + 1):
-            remaining = params.max_tokens - len(out.token_ids)
-            if remaining <= 0:
-                out.finish_reason = "length"
-                return out
-            p = dataclasses.replace(params, max_tokens=remaining, seed=_seed(params.seed, rid, attempt))
-            req = f"{rid}-r{attempt}"
-            self._live.add(req)
-            try:
-                gen = await engine.generate(prompt + out.token_ids, p, request_id=req, session_id=self.id)
-            finally:
-                self._live.discard(req)
-            n = len(gen.token_ids)
-            if len(gen.logprobs) != n or len(gen.versions) != n or any(v < 0 for v in gen.versions):
-                raise RuntimeError(f"engine returned a misaligned or unversioned generation ({n} tokens, "
-                                   f"{len(gen.logprobs)} logprobs, versions {gen.versions!r:.100})")
-            out.token_ids += gen.token_ids
-            out.logprobs += gen.logprobs
-            out.versions += gen.versions
-            out.finish_reason, out.stop_reason = gen.finish_reason, gen.stop_reason
-            if gen.finish_reason != "abort" or self.closed:
-                return out
-            self.stats["resubmits"] += 1
-        raise RuntimeError(f"request {rid}: aborted {self.ctx.cfg.max_resubmits + 1} times (max_resubmits)")
+        tokens so far (:func:`agentrl.inference.resubmit.generate_resubmitting`, the agent loop's rule), each token
+        keeping the version that produced it."""
+        live: list[str] = []
+
+        def track(req: str | None) -> None:
+            if req is None:
+                self._live.difference_update(live)
+                live.clear()
+            else:
+                live.append(req)
+                self._live.add(req)
+
+        out, resubmits = await generate_resubmitting(
+            self.ctx.engine, prompt, params, request_id=lambda a: f"{rid}-r{a}", session_id=self.id,
+            max_resubmits=self.ctx.cfg.max_resubmits, seed=lambda a: derive_seed(params.seed, rid, a),
+            closed=lambda: self.closed, on_request=track)
+        self.stats["resubmits"] += resubmits
+        return out
 
     async def _sample_n(self, plan: Plan, s: Sampling) -> tuple[list[Generation], SamplingParams]:
         r = self.r
@@ -229,7 +214,7 @@ class Session:
         if s.n == 1:
             return [await self._sample(plan.prompt_ids, params, f"gw-{self.id}-{self.requests}-0")], params
         tasks = [asyncio.ensure_future(self._sample(
-            plan.prompt_ids, dataclasses.replace(params, seed=_seed(base_seed, i) if base_seed is not None else None),
+            plan.prompt_ids, dataclasses.replace(params, seed=derive_seed(base_seed, i) if base_seed is not None else None),
             f"gw-{self.id}-{self.requests}-{i}")) for i in range(s.n)]
         try:
             gens = await asyncio.gather(*tasks)
@@ -302,7 +287,7 @@ class Session:
                     seg.add_fixed(plan.base.token_ids[:plan.base_len])
                 seg.add_fixed(plan.new_ids)
                 self.segments.append(seg)
-            seg.add_generated(gen)
+            seg.add_generation(gen)
             seg.add_fixed(ch.stream_ids)
             seg.text = plan.text + ch.stream_text
         st = self.stats

@@ -4,13 +4,14 @@ A weight update in ``pause_mode: abort`` ends the requests in flight with ``fini
 tokens sampled so far. :func:`generate_resubmitting` sends the request again with ``prompt + tokens so far`` for the
 remaining budget, until the completion finishes for another reason, the caller is closed, or ``max_resubmits`` is
 spent. Every token keeps the log-prob and version of the request that sampled it, so a completion may span several
-versions. Each piece is checked for alignment (as many log-probs and versions as tokens, every version set) before
-it is kept.
+versions. Each piece is checked before it is kept: as many log-probs and versions as tokens, every version set,
+every log-prob finite (a non-finite one never enters a trajectory).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import zlib
 from typing import Any, Callable
 
@@ -63,6 +64,11 @@ async def generate_resubmitting(
         if len(gen.logprobs) != n or len(gen.versions) != n or any(v < 0 for v in gen.versions):
             raise ResubmitError(f"request {rid}: the engine returned a misaligned or unversioned generation ({n} "
                                 f"tokens, {len(gen.logprobs)} logprobs, versions {gen.versions!r:.100})")
+        if not all(math.isfinite(x) for x in gen.logprobs):
+            # e.g. a CPU engine forced past the model's positions samples token 0 with a NaN log-prob
+            raise ResubmitError(f"request {rid}: the engine returned a non-finite log-prob "
+                                f"({[x for x in gen.logprobs if not math.isfinite(x)][:3]}): such a token cannot be "
+                                f"trained on")
         out.token_ids += gen.token_ids
         out.logprobs += gen.logprobs
         out.versions += gen.versions
