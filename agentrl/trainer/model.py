@@ -6,7 +6,8 @@ the compute dtype). :func:`configure_layers` applies gradient checkpointing to e
 decoder layer and ``torch.compile`` per decoder layer. :func:`choose_logprob_impl` picks the log-prob path
 (:mod:`agentrl.trainer.logprobs`) after checking that the model's logits really are ``h @ W.T`` of its last hidden
 states. :func:`micro_batch_logprobs` runs the decoder on a :class:`~agentrl.trainer.batching.MicroBatch` and returns
-padded ``[b, T]`` log-probs (and entropy), at the given temperature, in float32.
+padded ``[b, T]`` log-probs (and entropy), at the given temperature, in float32. :class:`ModelRunner` runs those
+passes over whole lists of sequences (micro-batch split, FSDP lockstep, no-gradient log-prob fills).
 
 Invariant: whatever the path and layout, the log-probs equal those of the model's own full logits (float32
 log-softmax of ``logits / temperature``) up to float rounding; tests hold every path to 1e-5 against that.
@@ -17,11 +18,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from agentrl.trainer.batching import MicroBatch
+from agentrl.trainer.batching import MicroBatch, Seq, collate, pad_rows, scoring_sequences, split_micro
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.logprobs import chunked_entropy, full_logprobs, liger_available, liger_logprobs
 from agentrl.trainer.logprobs import liger_runnable, torch_logprobs
@@ -174,3 +176,79 @@ def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, *, impl: str, c
                     ent = torch.zeros_like(lp)
                     ent[sel] = chunked_entropy(h.detach()[sel], w, temperature=temperature, compute_dtype=dt)
     return mb.scatter(lp), (None if ent is None else mb.scatter(ent))
+
+
+class ModelRunner:
+    """Micro-batched passes of the policy model (or the frozen reference model) over prepared sequences: the
+    micro-batch split, the padded or packed layout, the log-prob path, and FSDP's lockstep (every rank runs as
+    many forward passes of the sharded policy as its busiest peer, each all-gathering parameters). Lives as long
+    as the trainer; :meth:`shard` switches it to FSDP (log-probs from the model's full logits then, since the
+    chunked paths read the output head outside the model's forward, where FSDP2 holds only a shard of it)."""
+
+    def __init__(self, config: TrainerConfig, policy: torch.nn.Module, device: torch.device, impl: str,
+                 compute_dtype: torch.dtype) -> None:
+        self.config, self.policy, self.device = config, policy, device
+        self.impl, self.compute_dtype = impl, compute_dtype
+        self.vocab_size = int(policy.get_input_embeddings().weight.shape[0])
+        self.fsdp = False
+
+    def shard(self) -> None:
+        if self.impl != "full":
+            log.info("fsdp: log-probs from the model's full logits (logprob_impl %s needs the unsharded head)",
+                     self.impl)
+            self.impl = "full"
+        self.fsdp = True
+
+    def forward(self, model: torch.nn.Module, mb: MicroBatch, *, entropy: bool,
+                entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Returns ``logp: [b, T]`` of the targets (float32, at ``config.temperature``) and, if asked,
+        ``entropy: [b, T]`` (with gradient only if ``entropy_grad``)."""
+        return micro_batch_logprobs(model, mb, impl=self.impl, compute_dtype=self.compute_dtype,
+                                    temperature=self.config.temperature, entropy=entropy, entropy_grad=entropy_grad)
+
+    def micro_batches(self, seqs: list[Seq], model: torch.nn.Module | None = None) -> list[list[Seq]]:
+        """Micro-batches of ``seqs``; for the sharded policy padded with empty ones up to the largest count of any
+        rank."""
+        cfg = self.config
+        groups = split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens, packing=cfg.packing)
+        if self.fsdp and (model is None or model is self.policy):
+            from agentrl.trainer.dp_rank import agree_count
+
+            groups += [[] for _ in range(agree_count(len(groups), self.device) - len(groups))]
+        return groups
+
+    def dummy_pass(self, model: torch.nn.Module, backward: bool) -> None:
+        """A forward (and backward) of a 2-token sequence with no loss token: an FSDP rank with fewer micro-batches
+        than its peers joins their collectives with it; its gradient contribution is exactly zero."""
+        mb = collate(scoring_sequences([[0, 0]], self.vocab_size), self.device, packing=self.config.packing)
+        logp, _ = self.forward(model, mb, entropy=False)
+        if backward:
+            (logp.sum() * 0.0).backward()
+
+    @torch.no_grad()
+    def fill_logprobs(self, seqs: list[Seq], model: torch.nn.Module, attr: str,
+                      on_logp: Callable[[MicroBatch, Tensor], None] | None = None) -> None:
+        """Sets ``seq.<attr>`` to the sequence's target log-probs under ``model`` (no gradient, eval mode);
+        ``on_logp(mb, logp)`` sees each micro-batch's ``[b, T]`` CPU log-probs."""
+        model.eval()
+        for group in self.micro_batches(seqs, model):
+            if not group:
+                self.dummy_pass(model, backward=False)
+                continue
+            mb = collate(group, self.device, packing=self.config.packing)
+            logp, _ = self.forward(model, mb, entropy=False)
+            logp = logp.float().cpu()
+            for j, s in enumerate(group):
+                setattr(s, attr, logp[j, : s.length - 1].clone())
+            if on_logp is not None:
+                on_logp(mb, logp)
+
+    @torch.no_grad()
+    def score(self, ids: Sequence[Sequence[int]]) -> Tensor:
+        """``logp: [B, T]`` (float32, CPU) of plain token-id lists under the policy, 0.0 beyond each sequence."""
+        seqs = scoring_sequences(ids, self.vocab_size)
+        was_training = self.policy.training
+        self.fill_logprobs(seqs, self.policy, "prox")
+        self.policy.train(was_training)
+        T = max(len(x) for x in ids) - 1
+        return pad_rows([s.prox for s in seqs], T, 0.0, torch.float32)  # type: ignore[misc]
