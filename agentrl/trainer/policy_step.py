@@ -34,7 +34,7 @@ from torch import Tensor
 
 from agentrl.trainer.advantages import compute_advantages
 from agentrl.trainer.batching import MicroBatch, Seq, collate, mini_batches, prepare_sequences
-from agentrl.trainer.losses import Metrics, policy_loss
+from agentrl.trainer.losses import Metrics, count_sequences, policy_loss
 from agentrl.trainer.step import RecordSampler, StepSums, add_batch_stats, finish_batch_stats
 from agentrl.trajectory import Group, Trajectory
 
@@ -188,7 +188,8 @@ class PolicyStep:
             prox = logp.detach() if prox_from_forward else mb.prox
             # num_tokens = num_seqs = 1: sums; the step's normaliser divides the gradient in _apply_update
             return policy_loss(cfg.loss, logp=logp, mask=mb.mask, adv=mb.adv, prox_logp=prox, behav_logp=mb.behav,
-                               reward=mb.reward, ref_logp=mb.ref, entropy=ent, num_tokens=1.0, num_seqs=1.0)
+                               reward=mb.reward, ref_logp=mb.ref, entropy=ent, num_tokens=1.0, num_seqs=1.0,
+                               seq_index=mb.seq_index)
 
         return rl
 
@@ -223,7 +224,7 @@ class PolicyStep:
             loss.backward()
             w = float(mb.mask.sum())
             grad.loss_tokens += w
-            grad.loss_seqs += float((mb.mask.sum(-1) > 0).sum())
+            grad.loss_seqs += float(count_sequences(mb.mask, mb.seq_index))
             grad.loss_sums[loss_key] = grad.loss_sums.get(loss_key, 0.0) + float(loss.detach())
             weights = getattr(m, "weights", {})
             for k, v in m.items():

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agentrl.config import from_dict, to_dict
+from agentrl.config import from_dict
 from agentrl.trainer import checkpoint as ckpt
 from agentrl.trainer.batching import Seq
 from agentrl.trainer.checkpoint import find_latest_checkpoint  # noqa: F401  (public API, re-exported)
