@@ -71,8 +71,8 @@ class PolicyStep:
     log-likelihood of the loss-mask tokens, one optimizer step) instead of the configured policy loss. The
     trainer's gradients belong to the step from construction until :meth:`finish` or :meth:`abort`."""
 
-    def __init__(self, trainer: Trainer, *, sft: bool = False) -> None:
-        self.tr = trainer
+    def __init__(self, trainer: Trainer, what: str, *, sft: bool = False) -> None:
+        self.tr, self.what = trainer, what
         cfg = trainer.config
         self.sft = sft
         self.eager = sft or (cfg.num_mini_batches == 1 and cfg.ppo_epochs == 1)
@@ -83,6 +83,7 @@ class PolicyStep:
         self.grad = _GradState()
         self.groups: set[str] = set()
         self.calls = 0
+        self.prepared = 0  # valid sequences added (with or without a loss token)
         self.held: list[Seq] = []  # deferred: the sequences with a loss token, until finish
         trainer.optimizer.zero_grad(set_to_none=True)
 
@@ -94,12 +95,13 @@ class PolicyStep:
         return comm_seconds()
 
     # ------------------------------------------------------------------------------------------ feeding
-    def add(self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float] | None, what: str, *,
-            check_global: bool = True) -> dict[str, float]:
+    def add(self, batch: Sequence[Trajectory] | Sequence[Group],
+            advantages: Sequence[float] | None = None) -> dict[str, float]:
         """Adds whole groups (or trajectories with advantages) to the step; eager steps run their forward and
-        backward now. Returns ``accumulate/{seqs,loss_tokens,s}`` of this call. Raises ``ValueError`` for an empty
-        batch, misaligned advantages, a group already added, or (alone, or with ``check_global`` on every rank)
-        a batch with no trainable trajectory; nothing of a refused call is added."""
+        backward now. Invalid trajectories are dropped and counted (``batch/dropped_invalid``), a whole group of
+        them too: whether the step has anything to train is decided by :meth:`finish`, over everything added.
+        Returns ``accumulate/{seqs,loss_tokens,s}`` of this call. Raises ``ValueError`` for an empty batch (alone),
+        misaligned advantages or a group already added; nothing of a refused call is added."""
         t0 = time.perf_counter()
         trajs = flatten(batch)
         if not self.sft:
@@ -111,8 +113,9 @@ class PolicyStep:
             if advantages is None and trajs:
                 advantages = compute_advantages(batch, self.tr.config.advantage)  # type: ignore[arg-type]
             self.groups |= gids
-        seqs, info = self._prepare(trajs, advantages, what, check_global=check_global)
+        seqs, info = self._prepare(trajs, advantages)
         self.calls += 1
+        self.prepared += len(seqs)
         for k, v in info.items():
             self.sums.add_total(k, v)
         if self.sft:
@@ -131,31 +134,25 @@ class PolicyStep:
         return {"accumulate/seqs": float(len(seqs)), "accumulate/loss_tokens": float(sum(s.loss_tokens for s in seqs)),
                 "accumulate/s": time.perf_counter() - t0}
 
-    def _prepare(self, trajs: list[Trajectory], advantages: Sequence[float] | None, what: str, *,
-                 check_global: bool) -> tuple[list[Seq], dict[str, float]]:
-        """Validated, tensorised sequences of this worker's part of the batch (see ``prepare_sequences``). Alone,
-        an empty or untrainable batch raises ``ValueError``. As a data-parallel rank, an empty or untrainable
-        *shard* is fine (the rank still joins every collective of the step); with ``check_global`` the ranks
-        raise together when the whole batch has nothing trainable."""
+    def _prepare(self, trajs: list[Trajectory],
+                 advantages: Sequence[float] | None) -> tuple[list[Seq], dict[str, float]]:
+        """Validated, tensorised sequences of this worker's part of the batch (see ``prepare_sequences``); an
+        untrainable part gives none (counted as dropped). A data-parallel rank may get an empty shard: it still
+        joins every collective of the step."""
         tr = self.tr
-        if tr._world == 1:
-            if not trajs:
-                raise ValueError(f"{what} got an empty batch")
-            return prepare_sequences(trajs, advantages, vocab_size=tr.vocab_size, max_seq_len=tr.config.max_seq_len)
-        seqs: list[Seq] = []
+        if tr._world == 1 and not trajs:
+            raise ValueError(f"{self.what} got an empty batch")
         info = {"batch/dropped_invalid": 0.0, "batch/truncated_seqs": 0.0}
-        if trajs:
-            try:
-                seqs, info = prepare_sequences(trajs, advantages, vocab_size=tr.vocab_size,
-                                               max_seq_len=tr.config.max_seq_len)
-            except ValueError as e:
-                if "no trainable trajectory" not in str(e):
-                    raise
-                log.warning("rank %d: %s", tr.rank, e)
-                info["batch/dropped_invalid"] = float(len(trajs))
-        if check_global and tr.reducer.sum({"seqs": float(len(seqs))}).get("seqs", 0.0) == 0:
-            raise ValueError(f"{what}: no trainable trajectory in the batch on any of the {tr._world} ranks")
-        return seqs, info
+        if not trajs:
+            return [], info
+        try:
+            return prepare_sequences(trajs, advantages, vocab_size=tr.vocab_size, max_seq_len=tr.config.max_seq_len)
+        except ValueError as e:
+            if "no trainable trajectory" not in str(e):
+                raise
+            log.warning("%s: dropping the batch: %s", self.what, e)
+            info["batch/dropped_invalid"] = float(len(trajs))
+            return [], info
 
     def _passes(self, seqs: list[Seq]) -> bool:
         """The no-gradient passes before a backward: proximal log-probs (when the loss or the metrics need them and
@@ -292,8 +289,14 @@ class PolicyStep:
 
     def finish(self) -> dict[str, float]:
         """Takes the step's optimizer step(s) and returns its metrics (see ``Trainer.train_step``); the trainer's
-        ``version`` increases by one."""
+        ``version`` increases by one. Raises ``ValueError`` (on every rank alike) when nothing added was
+        trainable; the step is then dropped and the trainer left as it was."""
         tr = self.tr
+        if tr.reducer.sum({"seqs": float(self.prepared)}).get("seqs", 0.0) == 0:
+            self.abort()
+            where = f" on any of the {tr._world} ranks" if tr._world > 1 else ""
+            raise ValueError(f"{self.what}: no trainable trajectory in the step{where} "
+                             "(every trajectory was invalid; see the warnings)")
         if self.eager:
             self._apply_update(self.grad)
         else:

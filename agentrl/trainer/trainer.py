@@ -288,7 +288,7 @@ class Trainer:
         absent when they do not apply).
         """
         self._check_no_stream("train_step")
-        return self._whole_step(PolicyStep(self), batch, advantages, "train_step")
+        return self._whole_step(PolicyStep(self, "train_step"), batch, advantages)
 
     def sft_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """One supervised step: mean negative log-likelihood over all loss-mask tokens of the batch (micro-batched,
@@ -296,12 +296,12 @@ class Trainer:
         ``sft/nll`` (before the update), ``grad_norm``, ``lr``, ``batch/*``, ``perf/step_s``, ``perf/tokens_per_s``,
         ``version``, ``optimizer_steps``, ``train/skipped_steps``."""
         self._check_no_stream("sft_step")
-        return self._whole_step(PolicyStep(self, sft=True), list(trajectories), None, "sft_step")
+        return self._whole_step(PolicyStep(self, "sft_step", sft=True), list(trajectories), None)
 
     def _whole_step(self, step: PolicyStep, batch: Sequence[Trajectory] | Sequence[Group],
-                    advantages: Sequence[float] | None, what: str) -> dict[str, float]:
+                    advantages: Sequence[float] | None) -> dict[str, float]:
         try:
-            step.add(batch, advantages, what)
+            step.add(batch, advantages)
         except BaseException:
             step.abort()
             raise
@@ -325,24 +325,26 @@ class Trainer:
             raise ValueError(
                 f"streamed accumulation needs num_mini_batches: 1 and ppo_epochs: 1 (got {cfg.num_mini_batches} and "
                 f"{cfg.ppo_epochs}): several optimizer steps per batch need the whole batch first; use train_step")
-        self._stream = PolicyStep(self)
+        self._stream = PolicyStep(self, "streamed step")
 
     def accumulate(self, batch: Sequence[Trajectory] | Sequence[Group],
                    advantages: Sequence[float] | None = None) -> dict[str, float]:
         """Adds whole groups to the open streamed step: forward and backward per micro-batch, gradients kept
-        unnormalised. ``batch`` and ``advantages`` as in :meth:`train_step`. Returns ``accumulate/seqs``,
+        unnormalised. ``batch`` and ``advantages`` as in :meth:`train_step`; invalid trajectories, even a whole
+        group of them, are dropped and counted as :meth:`train_step` drops them. Returns ``accumulate/seqs``,
         ``accumulate/loss_tokens`` and ``accumulate/s`` of this call. Raises ``RuntimeError`` outside a streamed
-        step and ``ValueError`` for an empty or untrainable batch or a group already accumulated in this step
-        (nothing of that call is accumulated then)."""
+        step and ``ValueError`` for an empty batch or a group already accumulated in this step (nothing of that
+        call is accumulated then)."""
         if self._stream is None:
             raise RuntimeError("accumulate() outside a streamed step: call start_step() first")
-        return self._stream.add(batch, advantages, "accumulate", check_global=False)
+        return self._stream.add(batch, advantages)
 
     def finish_step(self) -> dict[str, float]:
         """Closes the streamed step: normalises the accumulated gradient by the whole step's counts, clips it,
         steps the optimizer (skipped, as in :meth:`train_step`, without loss tokens or with a non-finite loss or
         gradient) and increases ``version`` by one. Returns the metrics :meth:`train_step` would. Raises
-        ``RuntimeError`` outside a streamed step."""
+        ``RuntimeError`` outside a streamed step and, like :meth:`train_step`, ``ValueError`` when no accumulated
+        trajectory was trainable (the step is closed, the weights stay)."""
         step, self._stream = self._stream, None
         if step is None:
             raise RuntimeError("finish_step() outside a streamed step: call start_step() first")

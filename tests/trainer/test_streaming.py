@@ -100,6 +100,34 @@ def test_streamed_step_refusals(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert tr.finish_step()["version"] == 1
 
 
+def test_a_group_with_no_trainable_trajectory_is_dropped_in_both_paths(tiny_model_dir: Path) -> None:
+    """A group whose every trajectory is invalid (here NaN behavior log-probs, as a remote server may return) is
+    dropped and counted by a streamed step exactly as by the whole-batch step, which trains on the rest; a step
+    with nothing trainable at all is refused by both, and leaves the trainer as it was."""
+    groups = _groups()
+    for t in groups[1].trajectories:
+        t.logprobs = [float("nan") if m else 0.0 for m in t.loss_mask]
+    whole = Trainer(_cfg(), tiny_model_dir)
+    m_whole = whole.train_step(groups)
+    streamed = Trainer(_cfg(), tiny_model_dir)
+    streamed.start_step()
+    for g in groups:
+        streamed.accumulate([g])
+    m_stream = streamed.finish_step()
+    assert m_whole["batch/dropped_invalid"] == m_stream["batch/dropped_invalid"] == 3
+    assert m_stream["batch/num_seqs"] == m_whole["batch/num_seqs"] == 6
+    for k, v in _params(whole).items():
+        assert torch.allclose(_params(streamed)[k], v, atol=1e-5, rtol=0), k
+
+    with pytest.raises(ValueError, match="no trainable trajectory"):
+        whole.train_step(groups[1:2])
+    streamed.start_step()
+    streamed.accumulate(groups[1:2])
+    with pytest.raises(ValueError, match="no trainable trajectory"):
+        streamed.finish_step()
+    assert not streamed.step_in_progress and streamed.version == whole.version == 1
+
+
 def test_abort_leaves_weights_and_version(tiny_model_dir: Path) -> None:
     groups = _groups()
     tr = Trainer(_cfg(), tiny_model_dir)
