@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from agentrl.trainer.advantages import compute_advantages
-from agentrl.trainer.batching import MicroBatch, Seq, collate, mini_batches, prepare_sequences
+from agentrl.trainer.batching import MicroBatch, Seq, collate, even_parts, prepare_sequences, units
 from agentrl.trainer.losses import Metrics, count_sequences, policy_loss
 from agentrl.trainer.step import RecordSampler, StepSums, add_batch_stats, finish_batch_stats
 from agentrl.trajectory import Group, Trajectory
@@ -95,13 +95,15 @@ class PolicyStep:
         return comm_seconds()
 
     # ------------------------------------------------------------------------------------------ feeding
-    def add(self, batch: Sequence[Trajectory] | Sequence[Group],
-            advantages: Sequence[float] | None = None) -> dict[str, float]:
+    def add(self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float] | None = None,
+            positions: Sequence[int] | None = None) -> dict[str, float]:
         """Adds whole groups (or trajectories with advantages) to the step; eager steps run their forward and
         backward now. Invalid trajectories are dropped and counted (``batch/dropped_invalid``), a whole group of
         them too: whether the step has anything to train is decided by :meth:`finish`, over everything added.
-        Returns ``accumulate/{seqs,loss_tokens,s}`` of this call. Raises ``ValueError`` for an empty batch (alone),
-        misaligned advantages or a group already added; nothing of a refused call is added."""
+        ``positions``: each trajectory's index in the whole batch when this is a data-parallel rank's shard (the
+        mini-batches are cut from the whole batch). Returns ``accumulate/{seqs,loss_tokens,s}`` of this call.
+        Raises ``ValueError`` for an empty batch (alone), misaligned advantages or a group already added; nothing
+        of a refused call is added."""
         t0 = time.perf_counter()
         trajs = flatten(batch)
         if not self.sft:
@@ -113,7 +115,9 @@ class PolicyStep:
             if advantages is None and trajs:
                 advantages = compute_advantages(batch, self.tr.config.advantage)  # type: ignore[arg-type]
             self.groups |= gids
-        seqs, info = self._prepare(trajs, advantages)
+        if self.calls and not self.eager:
+            raise RuntimeError("a step with several optimizer steps takes its whole batch in one add()")
+        seqs, info = self._prepare(trajs, advantages, positions)
         self.calls += 1
         self.prepared += len(seqs)
         for k, v in info.items():
@@ -134,8 +138,8 @@ class PolicyStep:
         return {"accumulate/seqs": float(len(seqs)), "accumulate/loss_tokens": float(sum(s.loss_tokens for s in seqs)),
                 "accumulate/s": time.perf_counter() - t0}
 
-    def _prepare(self, trajs: list[Trajectory],
-                 advantages: Sequence[float] | None) -> tuple[list[Seq], dict[str, float]]:
+    def _prepare(self, trajs: list[Trajectory], advantages: Sequence[float] | None,
+                 positions: Sequence[int] | None) -> tuple[list[Seq], dict[str, float]]:
         """Validated, tensorised sequences of this worker's part of the batch (see ``prepare_sequences``); an
         untrainable part gives none (counted as dropped). A data-parallel rank may get an empty shard: it still
         joins every collective of the step."""
@@ -146,7 +150,8 @@ class PolicyStep:
         if not trajs:
             return [], info
         try:
-            return prepare_sequences(trajs, advantages, vocab_size=tr.vocab_size, max_seq_len=tr.config.max_seq_len)
+            return prepare_sequences(trajs, advantages, vocab_size=tr.vocab_size, max_seq_len=tr.config.max_seq_len,
+                                     positions=positions)
         except ValueError as e:
             if "no trainable trajectory" not in str(e):
                 raise
@@ -266,16 +271,23 @@ class PolicyStep:
         tr.optimizer.zero_grad(set_to_none=True)
         return ok
 
+    def _mini_batches(self, seqs: list[Seq]) -> list[list[Seq]]:
+        """The single trainer's mini-batches, each as this worker's share: the trajectories with a loss token, in
+        batch order, cut into ``num_mini_batches`` consecutive parts of near-equal count. A data-parallel rank
+        learns which trajectories are trainable on every rank (their batch positions, a union through the
+        reducer), so every rank cuts the same parts and takes every optimizer step (each is a collective), even
+        with an empty share."""
+        mine = {u[0].unit: u for u in units(seqs)}
+        everyone = sorted(int(p) for p in self.tr.reducer.sum({str(p): 1.0 for p in mine}))
+        return [[s for p in part if p in mine for s in mine[p]]
+                for part in even_parts(everyone, self.tr.config.num_mini_batches)]
+
     def _optimizer_steps(self) -> None:
         """Deferred: the passes over the whole batch, then ``ppo_epochs`` x ``num_mini_batches`` optimizer steps."""
         tr, cfg = self.tr, self.tr.config
         seqs, self.held = self.held, []
         prox_pass = self._passes(seqs)
-        mini = mini_batches(seqs, cfg.num_mini_batches)
-        if tr._world > 1:
-            # every rank takes every optimizer step (each is a collective), with its share of each mini-batch: the
-            # k-th mini-batch of the step is the union of the ranks' k-th parts, normalised over all of them
-            mini += [[] for _ in range(cfg.num_mini_batches - len(mini))]
+        mini = self._mini_batches(seqs)
         first = True
         for _ in range(cfg.ppo_epochs):
             for mb_seqs in mini:

@@ -267,6 +267,8 @@ class Trainer:
         self,
         batch: Sequence[Trajectory] | Sequence[Group],
         advantages: Sequence[float] | None = None,
+        *,
+        positions: Sequence[int] | None = None,
     ) -> dict[str, float]:
         """One policy update on ``batch`` (trajectories, or groups flattened in order): a
         :class:`~agentrl.trainer.policy_step.PolicyStep` fed the whole batch at once.
@@ -276,7 +278,8 @@ class Trainer:
         ``ppo_epochs`` x ``num_mini_batches`` optimizer steps, each normalised over its whole mini-batch and clipped
         to ``max_grad_norm``; one whose loss or gradient norm is not finite, or which has no loss token, is skipped
         (``train/skipped_steps``). The proximal log-probs are those of the weights at step start. ``version``
-        increases by one.
+        increases by one. ``positions`` (data-parallel ranks): each trajectory's index in the whole batch, so that
+        every rank's mini-batches are its shares of the single trainer's.
 
         Returns flat float metrics: ``loss``, ``loss/policy``, ``loss/kl``, ``kl/ref``, ``grad_norm``, ``lr`` (of
         the step's last optimizer step), ``entropy``, ``ratio/clip_frac``, ``ratio/mean``, ``is/weight_mean``,
@@ -288,7 +291,7 @@ class Trainer:
         absent when they do not apply).
         """
         self._check_no_stream("train_step")
-        return self._whole_step(PolicyStep(self, "train_step"), batch, advantages)
+        return self._whole_step(PolicyStep(self, "train_step"), batch, advantages, positions)
 
     def sft_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """One supervised step: mean negative log-likelihood over all loss-mask tokens of the batch (micro-batched,
@@ -299,9 +302,9 @@ class Trainer:
         return self._whole_step(PolicyStep(self, "sft_step", sft=True), list(trajectories), None)
 
     def _whole_step(self, step: PolicyStep, batch: Sequence[Trajectory] | Sequence[Group],
-                    advantages: Sequence[float] | None) -> dict[str, float]:
+                    advantages: Sequence[float] | None, positions: Sequence[int] | None = None) -> dict[str, float]:
         try:
-            step.add(batch, advantages)
+            step.add(batch, advantages, positions)
         except BaseException:
             step.abort()
             raise
