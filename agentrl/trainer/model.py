@@ -27,6 +27,7 @@ from agentrl.trainer.batching import MicroBatch, Seq, collate, pad_rows, scoring
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.logprobs import chunked_entropy, full_logprobs, liger_available, liger_logprobs
 from agentrl.trainer.logprobs import liger_runnable, torch_logprobs
+from agentrl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,25 @@ def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, *, impl: str, c
     return mb.scatter(lp), (None if ent is None else mb.scatter(ent))
 
 
+def select_device(config: TrainerConfig) -> torch.device:
+    """The trainer's device (``auto``: CUDA when available), with the CUDA settings a variable-length trainer
+    needs. Raises ``ValueError`` when ``cuda`` is asked for and absent."""
+    if config.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        if config.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device: cuda was requested but torch.cuda.is_available() is False")
+        device = torch.device(config.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_initialized():
+            # fp32 master weights + bf16 activations of varying shapes fragment the caching allocator
+            # (seen: OOM at step 2 on an H100 without this)
+            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        # cuDNN attention re-plans for every new sequence length (variable-length batches: 1.7x slower step)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    return device
+
+
 class ModelRunner:
     """Micro-batched passes of the policy model (or the frozen reference model) over prepared sequences: the
     micro-batch split, the padded or packed layout, the log-prob path, and FSDP's lockstep (every rank runs as
@@ -244,8 +264,18 @@ class ModelRunner:
                 on_logp(mb, logp)
 
     @torch.no_grad()
-    def score(self, ids: Sequence[Sequence[int]]) -> Tensor:
-        """``logp: [B, T]`` (float32, CPU) of plain token-id lists under the policy, 0.0 beyond each sequence."""
+    def score(self, batch: Sequence[Trajectory] | Sequence[Sequence[int]]) -> Tensor:
+        """``logp: [B, T]`` (float32, CPU) of trajectories or plain token-id lists under the policy, 0.0 beyond
+        each sequence; a segmented trajectory's tokens are scored within their own segment (0.0 at the first
+        token of each later segment)."""
+        if any(isinstance(b, Trajectory) and b.segments for b in batch):
+            flat = [(i, a, b) for i, t in enumerate(batch) for a, b in t.segment_slices()]  # type: ignore[union-attr]
+            parts = self.score([batch[i].token_ids[a:b] for i, a, b in flat])  # type: ignore[union-attr]
+            out = torch.zeros(len(batch), max(len(t.token_ids) for t in batch) - 1)  # type: ignore[union-attr]
+            for row, (i, a, b) in zip(parts, flat):
+                out[i, a:b - 1] = row[: b - a - 1]
+            return out
+        ids = [list(b.token_ids) if isinstance(b, Trajectory) else list(b) for b in batch]
         seqs = scoring_sequences(ids, self.vocab_size)
         was_training = self.policy.training
         self.fill_logprobs(seqs, self.policy, "prox")

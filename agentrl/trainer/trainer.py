@@ -38,7 +38,7 @@ from agentrl.trainer.batching import Seq
 from agentrl.trainer.checkpoint import find_latest_checkpoint  # noqa: F401  (public API, re-exported)
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.model import ModelRunner, choose_logprob_impl, configure_layers, has_active_dropout
-from agentrl.trainer.model import load_causal_lm
+from agentrl.trainer.model import load_causal_lm, select_device
 from agentrl.trainer.policy_step import PolicyStep
 from agentrl.trainer.step import LocalReducer, RecordSampler, Reducer
 from agentrl.trajectory import Group, Trajectory
@@ -62,20 +62,8 @@ class Trainer:
         config.validate()
         self.config = config
         self.model_path = Path(model_path)
-        if config.device == "auto":
-            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        else:
-            if config.device == "cuda" and not torch.cuda.is_available():
-                raise ValueError("device: cuda was requested but torch.cuda.is_available() is False")
-            self.device = torch.device(config.device)
+        self.device = select_device(config)
         self._compute_dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
-        if self.device.type == "cuda":
-            if not torch.cuda.is_initialized():
-                # fp32 master weights + bf16 activations of varying shapes fragment the caching allocator
-                # (seen: OOM at step 2 on an H100 without this)
-                os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-            # cuDNN attention re-plans for every new sequence length (variable-length batches: 1.7x slower step)
-            torch.backends.cuda.enable_cudnn_sdp(False)
 
         random.seed(config.seed)
         np.random.seed(config.seed)
@@ -200,14 +188,7 @@ class Trainer:
         Accepts trajectories or plain token-id lists. Compare with a trajectory's engine log-probs as
         ``logp[i, t]`` vs ``traj.logprobs[t + 1]``. A segmented trajectory's tokens are scored within their own
         segment; ``logp`` is 0.0 at the first token of each later segment (it has no context there)."""
-        if any(isinstance(b, Trajectory) and b.segments for b in batch):
-            flat = [(i, a, b) for i, t in enumerate(batch) for a, b in t.segment_slices()]  # type: ignore[union-attr]
-            parts = self.compute_logprobs([batch[i].token_ids[a:b] for i, a, b in flat])  # type: ignore[union-attr]
-            out = torch.zeros(len(batch), max(len(t.token_ids) for t in batch) - 1)  # type: ignore[union-attr]
-            for row, (i, a, b) in zip(parts, flat):
-                out[i, a:b - 1] = row[: b - a - 1]
-            return out
-        return self.runner.score([list(b.token_ids) if isinstance(b, Trajectory) else list(b) for b in batch])
+        return self.runner.score(batch)
 
     def take_logprob_records(self) -> list[dict]:
         """Returns and clears the log-prob records of the last step: for a uniform sample of up to
