@@ -105,7 +105,10 @@ class PolicyStep:
         Raises ``ValueError`` for an empty batch (alone), misaligned advantages or a group already added; nothing
         of a refused call is added."""
         t0 = time.perf_counter()
+        if self.calls and not self.eager:
+            raise RuntimeError("a step with several optimizer steps takes its whole batch in one add()")
         trajs = flatten(batch)
+        gids: set[str] = set()
         if not self.sft:
             gids = ({g.id for g in batch} if trajs and isinstance(batch[0], Group)  # type: ignore[union-attr]
                     else {t.group_id for t in trajs})
@@ -114,10 +117,8 @@ class PolicyStep:
                                  "advantages are per group, so each accumulate() call must carry whole groups")
             if advantages is None and trajs:
                 advantages = compute_advantages(batch, self.tr.config.advantage)  # type: ignore[arg-type]
-            self.groups |= gids
-        if self.calls and not self.eager:
-            raise RuntimeError("a step with several optimizer steps takes its whole batch in one add()")
         seqs, info = self._prepare(trajs, advantages, positions)
+        self.groups |= gids
         self.calls += 1
         self.prepared += len(seqs)
         for k, v in info.items():

@@ -319,3 +319,14 @@ def test_two_workers_with_two_mini_batches_take_the_single_trainers_steps(tiny_m
             assert torch.allclose(_params(w)[k], v, atol=1e-5, rtol=0), k
     for key in ("loss", "grad_norm", "optimizer_steps", "batch/loss_tokens"):
         assert results[0][key] == pytest.approx(m_single[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_refused_accumulate_call_adds_nothing(tiny_model_dir: Path) -> None:
+    groups = _groups()
+    tr = Trainer(_cfg(), tiny_model_dir)
+    tr.start_step()
+    with pytest.raises(ValueError, match="advantages"):
+        tr.accumulate(groups[:1], [1.0])  # misaligned: 3 trajectories
+    assert tr.accumulate(groups[:1])["accumulate/seqs"] == 3  # the group was not registered by the refused call
+    m = tr.finish_step()
+    assert m["batch/num_seqs"] == 3
