@@ -51,9 +51,10 @@ class TrainerWorker:
         return self.trainer.optimizer_steps
 
     def train_step(
-        self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float] | None = None
+        self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float] | None = None,
+        positions: Sequence[int] | None = None,
     ) -> dict[str, float]:
-        return self.trainer.train_step(batch, advantages)
+        return self.trainer.train_step(batch, advantages, positions=positions)
 
     def sft_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         return self.trainer.sft_step(trajectories)

@@ -17,6 +17,12 @@ Either way the hidden states are flattened and only the ``N = sum (n_i - 1)`` po
 kept (``src`` indexes them), which is all the log-prob head ever sees: padding costs no vocabulary projection.
 Per-target tensors the loss reads (mask, behavior/proximal/reference log-probs) stay padded ``[b, T]`` with
 ``T = max n_i - 1``; :meth:`MicroBatch.scatter` places flat ``[N]`` values there.
+
+Segments. A trajectory recorded as several segments (template mode ``split``, a gateway session whose harness
+rewrote history) gives one sequence per segment, each in its own context, all with the trajectory's ``unit``. The
+segments of a trajectory always share a micro-batch (and so a mini-batch and a rank), and
+``MicroBatch.seq_index`` tells the loss which rows form one trajectory: sequence-level terms are per trajectory,
+never per segment.
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ class Seq:
     adv: float
     reward: float
     traj_id: str = ""
+    # The trajectory this sequence is a segment of (its index in the batch): the segments of one trajectory share
+    # it, and every sequence-level term (normaliser, sequence ratio, sequence IS weight) is taken over all of them.
+    # None: a sequence of its own.
+    unit: int | None = None
     prox: Tensor | None = None  # [n-1]
     ref: Tensor | None = None  # [n-1]
 
@@ -59,14 +69,18 @@ class Seq:
 
 def prepare_sequences(
     trajectories: Sequence[Trajectory], advantages: Sequence[float] | None, *, vocab_size: int,
-    max_seq_len: int | None,
+    max_seq_len: int | None, positions: Sequence[int] | None = None,
 ) -> tuple[list[Seq], dict[str, float]]:
     """Validates and tensorises a batch. Invalid trajectories (misaligned fields, token ids outside the vocabulary,
     fewer than 2 tokens, non-finite advantage/reward/behavior log-prob) are dropped with a warning and counted in
     ``batch/dropped_invalid``; trajectories longer than ``max_seq_len`` lose their tail (``batch/truncated_seqs``).
-    Returns ``(seqs, info)``; raises ``ValueError`` if nothing trainable remains or ``advantages`` is misaligned."""
+    Each sequence's ``unit`` is its trajectory's index in the batch, or ``positions[i]`` when given (a shard's
+    indices in the whole batch). Returns ``(seqs, info)``; raises ``ValueError`` if nothing trainable remains or
+    ``advantages`` (or ``positions``) is misaligned."""
     if advantages is not None and len(advantages) != len(trajectories):
         raise ValueError(f"got {len(advantages)} advantages for {len(trajectories)} trajectories")
+    if positions is not None and len(positions) != len(trajectories):
+        raise ValueError(f"got {len(positions)} positions for {len(trajectories)} trajectories")
     seqs: list[Seq] = []
     dropped = truncated = 0
     for i, t in enumerate(trajectories):
@@ -89,6 +103,7 @@ def prepare_sequences(
             continue
         # A segmented trajectory (template mode "split") is one sequence per segment, each with exactly its own
         # context and the trajectory's advantage.
+        unit = i if positions is None else int(positions[i])
         for a, b in t.segment_slices():
             n = b - a
             if n < 2:
@@ -102,7 +117,7 @@ def prepare_sequences(
                 mask=torch.tensor(lm, dtype=torch.float32),
                 behav=torch.tensor([x if m else 0.0 for x, m in zip(behav[a + 1:a + n], lm)], dtype=torch.float32),
                 versions=torch.tensor(t.versions[a + 1:a + n], dtype=torch.long),
-                adv=adv, reward=float(t.reward), traj_id=str(t.id),
+                adv=adv, reward=float(t.reward), traj_id=str(t.id), unit=unit,
             ))
     if not seqs:
         raise ValueError(f"no trainable trajectory in a batch of {len(trajectories)} ({dropped} invalid)")
@@ -124,41 +139,62 @@ def scoring_sequences(ids: Sequence[Sequence[int]], vocab_size: int) -> list[Seq
     return out
 
 
+def units(seqs: list[Seq]) -> list[list[Seq]]:
+    """``seqs`` grouped by trajectory: runs of consecutive sequences with the same ``unit`` (the segments of one
+    trajectory, which :func:`prepare_sequences` emits together), in order."""
+    out: list[list[Seq]] = []
+    for s in seqs:
+        if out and s.unit is not None and out[-1][0].unit == s.unit:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
 def split_micro(seqs: list[Seq], max_seqs: int, max_tokens: int | None, *, packing: bool = False) -> list[list[Seq]]:
     """Groups ``seqs`` (sorted by length, longest first, so rows of similar length share a micro-batch) into
     micro-batches of at most ``max_seqs`` sequences and at most ``max_tokens`` tokens: padded tokens
-    (``count x longest``) in the padded layout, the sum of lengths when packing. A single longer sequence stays
-    alone. Every sequence lands in exactly one micro-batch."""
-    order = sorted(range(len(seqs)), key=lambda i: -seqs[i].length)
+    (``count x longest``) in the padded layout, the sum of lengths when packing. The segments of one trajectory
+    stay in one micro-batch (its sequence-level terms need all of them in one forward); a single longer sequence,
+    or a trajectory past the limits, stays alone. Every sequence lands in exactly one micro-batch."""
+    us = units(seqs)
+    longest = [max(s.length for s in u) for u in us]
     out: list[list[Seq]] = []
     cur: list[Seq] = []
     cur_max = cur_sum = 0
-    for i in order:
-        s = seqs[i]
-        cost = (cur_sum + s.length) if packing else max(cur_max, s.length) * (len(cur) + 1)
-        if cur and (len(cur) >= max_seqs or (max_tokens is not None and cost > max_tokens)):
+    for i in sorted(range(len(us)), key=lambda i: -longest[i]):
+        u = us[i]
+        size = sum(s.length for s in u)
+        cost = (cur_sum + size) if packing else max(cur_max, longest[i]) * (len(cur) + len(u))
+        if cur and (len(cur) + len(u) > max_seqs or (max_tokens is not None and cost > max_tokens)):
             out.append(cur)
             cur, cur_max, cur_sum = [], 0, 0
-        cur.append(s)
-        cur_max = max(cur_max, s.length)
-        cur_sum += s.length
+        cur.extend(u)
+        cur_max = max(cur_max, longest[i])
+        cur_sum += size
     if cur:
         out.append(cur)
     return out
 
 
-def mini_batches(seqs: list[Seq], k: int) -> list[list[Seq]]:
-    """Splits ``seqs`` into ``min(k, len(seqs))`` consecutive parts whose sizes differ by at most one."""
-    if not seqs:
+def even_parts(items: list, k: int) -> list[list]:
+    """Splits ``items`` into ``min(k, len(items))`` consecutive parts whose sizes differ by at most one."""
+    if not items:
         return []
-    k = min(k, len(seqs))
-    size, rem = divmod(len(seqs), k)
+    k = min(k, len(items))
+    size, rem = divmod(len(items), k)
     out, start = [], 0
     for i in range(k):
         end = start + size + (1 if i < rem else 0)
-        out.append(seqs[start:end])
+        out.append(items[start:end])
         start = end
     return out
+
+
+def mini_batches(seqs: list[Seq], k: int) -> list[list[Seq]]:
+    """Splits ``seqs`` into ``min(k, trajectories)`` consecutive parts whose numbers of trajectories differ by at
+    most one (a trajectory's segments stay together)."""
+    return [[s for u in part for s in u] for part in even_parts(units(seqs), k)]
 
 
 def pad_rows(rows: list[Tensor], length: int, value: float | int, dtype: torch.dtype) -> Tensor:
@@ -187,6 +223,8 @@ class MicroBatch:
     prox: Tensor | None  # [b, T]
     ref: Tensor | None  # [b, T]
     num_tokens: int  # real tokens, sum n_i
+    # [b] long: the sequence (trajectory) each row belongs to, 0..S-1; None when every row is its own sequence
+    seq_index: Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -232,5 +270,14 @@ def collate(seqs: list[Seq], device: torch.device, *, packing: bool = False) -> 
         adv=torch.tensor([s.adv for s in seqs], dtype=torch.float32, device=device),
         reward=torch.tensor([s.reward for s in seqs], dtype=torch.float32, device=device),
         prox=opt("prox"), ref=opt("ref"),
-        num_tokens=sum(lengths),
+        num_tokens=sum(lengths), seq_index=_seq_index(seqs, device),
     )
+
+
+def _seq_index(seqs: list[Seq], device: torch.device) -> Tensor | None:
+    keys = [("row", i) if s.unit is None else ("unit", s.unit) for i, s in enumerate(seqs)]
+    ids: dict[tuple, int] = {}
+    index = [ids.setdefault(k, len(ids)) for k in keys]
+    if len(ids) == len(seqs):
+        return None
+    return torch.tensor(index, dtype=torch.long, device=device)

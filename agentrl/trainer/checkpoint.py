@@ -1,4 +1,5 @@
-"""Trainer checkpoints: atomic save, load with validation, and discovery of the newest complete one.
+"""Trainer checkpoints: atomic save, load with validation, and discovery of the newest complete one; and the
+weights leaving a trainer (:func:`save_trainer`, :func:`load_trainer`, :func:`inference_state_dict`).
 
 Layout of a checkpoint directory: ``model/`` (HF ``save_pretrained`` weights plus the source model's non-weight
 files, so it is a complete model directory an engine can load), ``optimizer.pt``, ``rng.pt`` (python, numpy,
@@ -19,10 +20,13 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from agentrl.trainer.trainer import Trainer
 
 CHECKPOINT_FORMAT = 1
 STATE_FILE = "trainer_state.json"
@@ -197,3 +201,77 @@ def restore_rng(path: Path) -> None:
     torch.set_rng_state(rng["torch"])
     if rng.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+# ------------------------------------------------------------------------------------------- a trainer's weights
+def inference_state_dict(trainer: Trainer, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Returns ``{name: tensor}`` with the HF parameter/buffer names of the trainer's model (``model.layers.0...``,
+    ``lm_head.weight`` also present when tied), detached CPU copies, safe to ship while the trainer keeps
+    stepping. Floating tensors are cast to ``dtype``; by default to bfloat16 when the trainer computes in
+    bfloat16 (what the engine runs; half the bytes of the float32 master weights), else left float32.
+    Under FSDP this gathers the shards (a collective: every rank must call it) and only rank 0 gets the
+    tensors (the others get ``{}``)."""
+    if dtype is None and trainer._compute_dtype == torch.bfloat16:
+        dtype = torch.bfloat16
+    if trainer.sharding == "fsdp":
+        from agentrl.trainer.dp_rank import full_state_dict
+
+        state = full_state_dict(trainer.model)
+    else:
+        state = trainer.model.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        t = t.detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        out[name] = t.to("cpu", copy=True).contiguous()
+    return out
+
+
+def save_trainer(trainer: Trainer, path: str | os.PathLike) -> Path:
+    """Writes the trainer's model (HF ``save_pretrained`` under ``path/model``, float32, with the source model's
+    tokenizer files), optimizer state, RNG states (python, numpy, torch, CUDA), ``optimizer_steps``, ``version``
+    and config to ``path`` with :func:`save` (atomic: a crash mid-save leaves the previous checkpoint, or none). An
+    existing ``path`` is replaced. Returns ``path``. As a data-parallel rank: every rank must call it; rank 0
+    writes the whole model and optimizer (replicated: its own; FSDP: gathered from the shards), with
+    ``world_size`` and ``sharding`` in ``trainer_state.json``, and RNG states of rank 0 (every rank restores
+    those)."""
+    from agentrl.config import to_dict
+
+    state = {"optimizer_steps": trainer.optimizer_steps, "version": trainer.version,
+             "config": to_dict(trainer.config), "world_size": trainer._world, "sharding": trainer.sharding}
+    if trainer.sharding == "fsdp":
+        from agentrl.trainer.dp_rank import save_sharded
+
+        return save_sharded(path, trainer.model, trainer.optimizer, trainer.model_path, state)
+    if trainer.rank != 0:
+        return Path(path)  # replicate: every rank holds the same model and optimizer state; rank 0 writes it
+    return save(path, model=trainer.model, optimizer=trainer.optimizer, source_model_path=trainer.model_path,
+                state=state)
+
+
+def load_trainer(trainer: Trainer, path: str | os.PathLike) -> dict[str, Any]:
+    """Restores the trainer's model weights, optimizer state and RNG states from a directory written by
+    :func:`save_trainer` (or its moved-aside copy after a crash between the renames of a replacing save). Returns
+    the saved state (``optimizer_steps``, ``version``, ``config`` as a dict, ...), which the trainer adopts. Raises
+    ``FileNotFoundError`` / ``ValueError`` for a missing or incompatible checkpoint, including one saved with
+    another number of data-parallel ranks (or another sharding)."""
+    where, saved = read_state(path)
+    saved_world = int(saved.get("world_size", 1))
+    if saved_world != trainer._world:
+        raise ValueError(
+            f"{where}: the checkpoint was saved by {saved_world} trainer rank(s) but this run has "
+            f"trainer.world_size={trainer._world}; resume with trainer.world_size={saved_world} (a checkpoint "
+            f"holds the whole model, but its optimizer and RNG states belong to the rank layout that saved it)")
+    if trainer.sharding == "fsdp":
+        from agentrl.trainer.dp_rank import load_sharded
+
+        if saved.get("sharding") != "fsdp":
+            raise ValueError(f"{where}: saved with trainer.sharding {saved.get('sharding')!r}, this run uses "
+                             "fsdp: resume with the sharding that saved it")
+        load_sharded(where, trainer.model, trainer.optimizer)
+        return saved
+    if saved.get("sharding") == "fsdp":  # its optimizer state is keyed by parameter names, not indices
+        raise ValueError(f"{where}: saved with trainer.sharding 'fsdp', this run uses {trainer.sharding!r}: "
+                         "resume with trainer.sharding=fsdp")
+    return load(where, model=trainer.model, optimizer=trainer.optimizer, device=trainer.device)

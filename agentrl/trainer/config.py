@@ -168,14 +168,15 @@ class TrainerConfig:
     """Everything the :class:`~agentrl.trainer.Trainer` needs besides the model path.
 
     Batching: one :meth:`Trainer.train_step` call consumes a batch of trajectories, splits it into
-    ``num_mini_batches`` consecutive mini-batches (one optimizer step each) and repeats that ``ppo_epochs`` times.
-    Each mini-batch is split into micro-batches for gradient accumulation: sequences sorted by length, at most
-    ``micro_batch_size`` sequences and, when ``micro_batch_tokens`` is set, at most that many tokens (padded
-    layout: ``sequences x longest length``; packed layout: the sum of lengths; a single longer sequence still forms
-    its own micro-batch). The loss is normalised over the whole mini-batch, so the gradient does not depend on the
-    micro-batch split. ``packing: true`` concatenates a micro-batch's sequences into one row whose position ids
-    restart per sequence (transformers then builds the block-diagonal causal mask); ``false`` right-pads them, with
-    no 2-D attention mask since causal attention is already exact for right padding.
+    ``num_mini_batches`` consecutive mini-batches of trajectories (one optimizer step each) and repeats that
+    ``ppo_epochs`` times. Each mini-batch is split into micro-batches for gradient accumulation: sequences sorted by
+    length, at most ``micro_batch_size`` sequences and, when ``micro_batch_tokens`` is set, at most that many tokens
+    (padded layout: ``sequences x longest length``; packed layout: the sum of lengths; a single longer sequence, or
+    the segments of one segmented trajectory, still form one micro-batch). The loss is normalised over the whole
+    mini-batch, so the gradient does not depend on the micro-batch split. ``packing: true`` concatenates a
+    micro-batch's sequences into one row whose position ids restart per sequence (transformers then builds the
+    block-diagonal causal mask); ``false`` right-pads them, with no 2-D attention mask since causal attention is
+    already exact for right padding.
 
     Precision: parameters and optimizer state are always float32 (master weights: a bf16 AdamW step at a small
     learning rate rounds most updates away). ``dtype`` is the compute precision: ``bfloat16`` runs forward and
@@ -199,10 +200,10 @@ class TrainerConfig:
     trainer keeps its log-probs of (:meth:`Trainer.take_logprob_records`).
 
     Data parallelism: ``world_size: N`` runs N trainer ranks (Ray actors joined by ``torch.distributed``; see
-    :mod:`agentrl.trainer.dp_group`); each step's batch is split between them by loss-token count and the update equals
-    one rank's on the whole batch. ``sharding``: ``replicate`` (whole model on every rank, gradients all-reduced),
-    ``fsdp`` (FSDP2 shards, bf16/fp32 compute over fp32 master shards), or ``auto`` (``fsdp`` on CUDA, ``replicate``
-    on CPU). ``micro_batch_size`` and ``micro_batch_tokens`` are per rank.
+    :mod:`agentrl.trainer.dp_group`); each step's batch (each of its mini-batches) is split between them by loss-token
+    count and the update equals one rank's on the whole batch. ``sharding``: ``replicate`` (whole model on every
+    rank, gradients all-reduced), ``fsdp`` (FSDP2 shards, bf16/fp32 compute over fp32 master shards), or ``auto``
+    (``fsdp`` on CUDA, ``replicate`` on CPU). ``micro_batch_size`` and ``micro_batch_tokens`` are per rank.
     """
 
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)

@@ -10,7 +10,8 @@ surface of one.
     stop_trainer(trainer)
 
 Flow of a group call: the batch is split into N shards by loss-token count (:func:`shard_by_loss_tokens`, whole
-trajectories, advantages computed here over the whole groups first, so a group may span ranks), every rank gets its
+trajectories, advantages computed here over the whole groups first, so a group may span ranks; with
+``num_mini_batches > 1`` each of the single trainer's mini-batches is sharded in turn), every rank gets its
 shard at once, and the call completes when all ranks returned; the result is rank 0's (metrics are already
 all-reduced). Calls that reach a collective go to every rank, in the same order (each rank is one Ray actor that runs
 its calls in submission order); calls that do not (``compute_logprobs`` and the inference state dict with replicated
@@ -176,8 +177,13 @@ class TrainerGroup:
         return self._call(method, ranks=ranks, args=args, kwargs=kwargs)
 
     def _sharded(self, method: str, batch: Sequence[Trajectory] | Sequence[Group],
-                 advantages: Sequence[float] | None, combine: Any = _first) -> GroupCall:
+                 advantages: Sequence[float] | None, combine: Any = _first, *, positions: bool = False) -> GroupCall:
+        """Sends each rank its shard. With ``positions`` (``train_step``) the batch is first cut into the single
+        trainer's ``num_mini_batches`` consecutive parts and each part is sharded, so that every mini-batch is
+        shared out between the ranks; each rank also gets its trajectories' indices in the whole batch, from which
+        the ranks cut the exact same mini-batches (:meth:`PolicyStep._mini_batches`)."""
         from agentrl.trainer.advantages import compute_advantages
+        from agentrl.trainer.batching import even_parts
 
         trajs = _flatten(batch)
         if advantages is None:
@@ -185,9 +191,14 @@ class TrainerGroup:
         advs = [float(a) for a in advantages]
         if len(advs) != len(trajs):
             raise ValueError(f"got {len(advs)} advantages for {len(trajs)} trajectories")
+        shards: list[list[int]] = [[] for _ in range(self.world_size)]
+        for part in even_parts(list(range(len(trajs))), self.config.num_mini_batches if positions else 1):
+            for r, idx in enumerate(shard_by_loss_tokens([trajs[i] for i in part], self.world_size)):
+                shards[r] += [part[j] for j in idx]
         per_rank = []
-        for idx in shard_by_loss_tokens(trajs, self.world_size):
-            per_rank.append((([trajs[i] for i in idx], [advs[i] for i in idx]), {}))
+        for idx in shards:
+            kwargs = {"positions": idx} if positions else {}
+            per_rank.append((([trajs[i] for i in idx], [advs[i] for i in idx]), kwargs))
         return self._call(method, per_rank, combine=combine)
 
     # ------------------------------------------------------------------------------------------ the calls
@@ -207,7 +218,7 @@ class TrainerGroup:
                     advantages: Sequence[float] | None = None) -> GroupCall:
         if not _flatten(batch):
             raise ValueError("train_step got an empty batch")
-        return self._sharded("train_step", batch, advantages)
+        return self._sharded("train_step", batch, advantages, positions=True)
 
     def _sft_step(self, trajectories: Sequence[Trajectory]) -> GroupCall:
         trajs = list(trajectories)

@@ -17,6 +17,11 @@ Aggregation (``aggregation``) over the batch:
 - ``seq_mean_token_sum``: sum over sequences of the sequence's token sum / ``num_seqs``
 - ``seq_mean_token_mean``: sum over sequences of the sequence's token mean / ``num_seqs``
 
+A *sequence* is a trajectory: when ``seq_index: [B]`` is given, the rows sharing a value are the segments of one
+trajectory (see :mod:`agentrl.trainer.batching`) and every sequence-level quantity (the sequence means, the
+normaliser ``num_seqs``, sequence and geometric ratios and IS weights) is taken over all of their loss tokens;
+``None`` means every row is a sequence of its own.
+
 ``num_tokens`` / ``num_seqs`` default to this batch's loss-token count and number of sequences with at least one
 loss token. A trainer that splits an optimizer batch into micro-batches passes the whole batch's counts, so summing
 the micro-batch losses gives exactly the whole-batch loss (and gradient).
@@ -28,23 +33,15 @@ weight is shared by every token of the sequence.
 
 from __future__ import annotations
 
-import math
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from agentrl.trainer.config import LossConfig
-
-Aggregation = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
-ISLevel = Literal["token", "sequence", "geometric"]
-
-# Raw IS weights are logged capped here so a wildly off-policy token cannot put inf/NaN in the metrics.
-_LOG_METRIC_CAP = math.log(1e6)
-# k3's log-ratio and value bounds (verl's "low_var_kl" clamps the same way): exp of an unbounded log-ratio overflows
-# (k3 at log p = -95, log q = -1 is inf in float32) and one such token would make the whole step non-finite.
-_K3_LOG_RATIO_CLAMP = 20.0
-_K3_VALUE_CLAMP = 10.0
+from agentrl.trainer.loss_terms import LOG_METRIC_CAP, Aggregation, ISLevel, apply_keep, broadcast_rows, hi_precision
+from agentrl.trainer.loss_terms import aggregate, count_sequences, kl_per_token, log_ratio_at_level  # noqa: F401
+from agentrl.trainer.loss_terms import masked_max, masked_mean, mismatch_metrics, per_sequence  # noqa: F401
+from agentrl.trainer.loss_terms import ratio_band_mask, truncated_is_weight  # noqa: F401
 
 
 class Metrics(dict):
@@ -56,135 +53,18 @@ class Metrics(dict):
         self.weights: dict[str, float] = dict(weights or {})
 
 
-# --------------------------------------------------------------------------------------------------- helpers
-def _bt(x: Tensor, like: Tensor) -> Tensor:
-    """Broadcasts a ``[B]`` per-sequence value to ``[B, T]``; a ``[B, T]`` input is returned as is."""
-    if x.dim() == 1:
-        return x.unsqueeze(-1).expand_as(like)
-    if x.shape != like.shape:
-        raise ValueError(f"expected shape [B] or {list(like.shape)}, got {list(x.shape)}")
-    return x
-
-
-def _hi(x: Tensor) -> Tensor:
-    """Detached copy in at least float32 (bf16 log-ratios are too coarse for IS weights), float64 kept."""
-    return x.detach().to(torch.promote_types(x.dtype, torch.float32))
-
-
-def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Mean of ``x`` over positions where ``mask`` is 1 (0.0 if there are none)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def masked_max(x: Tensor, mask: Tensor) -> Tensor:
-    """Max of ``x`` over positions where ``mask`` is 1 (0.0 if there are none)."""
-    if not bool((mask > 0).any()):
-        return x.new_zeros(())
-    return x.masked_fill(mask <= 0, float("-inf")).max()
-
-
-def aggregate(
-    per_token: Tensor,
-    mask: Tensor,
-    aggregation: Aggregation,
-    *,
-    num_tokens: float | None = None,
-    num_seqs: float | None = None,
-) -> Tensor:
-    """Reduces ``per_token: [B, T]`` to a scalar (see module docstring). Masked-out positions are ignored even if
-    they hold NaN-free garbage; ``per_token`` must be finite there (it is multiplied by 0)."""
-    per_token = per_token * mask
-    if aggregation == "token_mean":
-        denom = float(mask.sum().item()) if num_tokens is None else float(num_tokens)
-        return per_token.sum() / max(denom, 1.0)
-    lens = mask.sum(-1)  # [B]
-    if num_seqs is None:
-        num_seqs = float((lens > 0).sum().item())
-    if aggregation == "seq_mean_token_sum":
-        seq = per_token.sum(-1)
-    elif aggregation == "seq_mean_token_mean":
-        seq = per_token.sum(-1) / lens.clamp(min=1.0)
-    else:
-        raise ValueError(f"unknown aggregation {aggregation!r}")
-    return seq.sum() / max(float(num_seqs), 1.0)
-
-
-def log_ratio_at_level(log_num: Tensor, log_den: Tensor, mask: Tensor, level: ISLevel) -> Tensor:
-    """Returns ``[B, T]`` log importance ratios ``log(num/den)`` at ``level`` (sequence levels broadcast to every
-    token of the sequence). Gradients flow through ``log_num`` / ``log_den`` unless the caller detaches them."""
-    d = (log_num - log_den) * mask
-    if level == "token":
-        return d
-    total = d.sum(-1, keepdim=True)  # [B, 1]
-    if level == "sequence":
-        return total.expand_as(d)
-    if level == "geometric":
-        return (total / mask.sum(-1, keepdim=True).clamp(min=1.0)).expand_as(d)
-    raise ValueError(f"unknown is_level {level!r}")
-
-
-def truncated_is_weight(
-    num_logp: Tensor, den_logp: Tensor, mask: Tensor, *, cap: float, level: ISLevel
-) -> tuple[Tensor, dict[str, float]]:
-    """Returns the detached weight ``min(num/den, cap): [B, T]`` at ``level`` and its metrics: ``is/weight_mean``
-    and ``is/weight_max`` of the raw (untruncated) weight, and ``is/truncated_frac`` (share of loss tokens whose
-    weight hit the cap)."""
-    with torch.no_grad():
-        logr = log_ratio_at_level(_hi(num_logp), _hi(den_logp), mask, level)
-        log_cap = math.log(cap)
-        w = torch.exp(logr.clamp(max=log_cap))
-        raw = torch.exp(logr.clamp(max=_LOG_METRIC_CAP))
-        metrics = {
-            "is/weight_mean": masked_mean(raw, mask).item(),
-            "is/weight_max": masked_max(raw, mask).item(),
-            "is/truncated_frac": masked_mean((logr > log_cap).float(), mask).item(),
-        }
-    return w, metrics
-
-
-def ratio_band_mask(
-    prox_logp: Tensor, behav_logp: Tensor, mask: Tensor, band: tuple[float, float] | list[float], level: ISLevel
-) -> Tensor:
-    """Returns ``keep: [B, T]`` (1.0/0.0, detached): 0 where the behavior ratio ``pi_prox/mu`` at ``level`` lies
-    outside ``[band[0], band[1]]``."""
-    low, high = float(band[0]), float(band[1])
-    with torch.no_grad():
-        logr = log_ratio_at_level(_hi(prox_logp), _hi(behav_logp), mask, level)
-        lo = math.log(low) if low > 0 else float("-inf")
-        keep = (logr >= lo) & (logr <= math.log(high))
-    return keep.to(mask.dtype)
-
-
-def kl_per_token(logp: Tensor, ref_logp: Tensor, estimator: Literal["k1", "k2", "k3"]) -> Tensor:
-    """Per-token estimate of ``KL(pi_theta || pi_ref)`` from samples of ``pi_theta`` (Schulman's k1/k2/k3):
-    k1 ``log p - log q``; k2 ``(log p - log q)^2 / 2``; k3 ``q/p - 1 - log(q/p)`` (unbiased, non-negative).
-    k3's log-ratio ``log(q/p)`` is clamped to [-20, 20] and its value to at most 10, so a token the reference finds
-    wildly unlikely stays finite (and its gradient bounded) instead of making the whole step non-finite."""
-    d = logp - ref_logp
-    if estimator == "k1":
-        return d
-    if estimator == "k2":
-        return 0.5 * d * d
-    if estimator == "k3":
-        log_qp = (-d).clamp(-_K3_LOG_RATIO_CLAMP, _K3_LOG_RATIO_CLAMP)
-        return (torch.exp(log_qp) - 1.0 - log_qp).clamp(max=_K3_VALUE_CLAMP)
-    raise ValueError(f"unknown kl estimator {estimator!r}")
-
-
-def _apply_keep(per_token: Tensor, keep: Tensor | None) -> Tensor:
-    return per_token if keep is None else per_token * keep
-
-
 # ---------------------------------------------------------------------------------------------------- losses
 def _clipped_surrogate(ratio: Tensor, a: Tensor, mask: Tensor, keep: Tensor | None, eps_low: float, eps_high: float,
-                       aggregation: str, num_tokens: float | None, num_seqs: float | None) -> tuple[Tensor, dict[str, float]]:
+                       aggregation: str, num_tokens: float | None, num_seqs: float | None,
+                       seq_index: Tensor | None) -> tuple[Tensor, dict[str, float]]:
     """The PPO surrogate ``-min(ratio*A, clip(ratio, 1-eps_low, 1+eps_high)*A)`` (``ratio`` and ``a``: [B, T]),
     aggregated; metrics ``ratio/clip_frac`` and ``ratio/mean``. Shared by PPO-clip (token ratio) and GSPO
     (sequence ratio broadcast to tokens)."""
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * a
     per = -torch.minimum(unclipped, clipped)
-    loss = aggregate(_apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate(apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs,
+                     seq_index=seq_index)
     with torch.no_grad():
         metrics = {
             "ratio/clip_frac": masked_mean((clipped < unclipped).float(), mask).item(),
@@ -205,14 +85,15 @@ def ppo_clip_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     keep: Tensor | None = None,
+    seq_index: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO-clip: per token ``-min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)`` with ``r = exp(logp - old_logp)``.
 
     ``old_logp`` is detached. Metrics: ``ratio/clip_frac`` (share of loss tokens where the clipped term is the
     active one, i.e. the gradient is zero), ``ratio/mean``."""
     r = torch.exp(logp - old_logp.detach())
-    return _clipped_surrogate(r, _bt(adv, logp).to(logp.dtype), mask, keep, eps_low, eps_high, aggregation,
-                              num_tokens, num_seqs)
+    return _clipped_surrogate(r, broadcast_rows(adv, logp).to(logp.dtype), mask, keep, eps_low, eps_high, aggregation,
+                              num_tokens, num_seqs, seq_index)
 
 
 def decoupled_ppo_loss(
@@ -230,17 +111,20 @@ def decoupled_ppo_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     keep: Tensor | None = None,
+    seq_index: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Decoupled PPO (AReaL): per token ``-w * min(r*A, clip(r, 1-eps_low, 1+eps_high)*A)`` with
     ``r = pi_theta/pi_prox`` and the detached behavior correction ``w = min(pi_prox/mu, is_cap)`` at ``is_level``.
     The trust region is around the proximal policy, so stale behavior tokens do not shrink it."""
-    w, is_metrics = truncated_is_weight(prox_logp, behav_logp, mask, cap=is_cap, level=is_level)
-    a = _bt(adv, logp).to(logp.dtype)
+    w, is_metrics = truncated_is_weight(prox_logp, behav_logp, mask, cap=is_cap, level=is_level,
+                                        seq_index=seq_index)
+    a = broadcast_rows(adv, logp).to(logp.dtype)
     r = torch.exp(logp - prox_logp.detach())
     unclipped = r * a
     clipped = torch.clamp(r, 1.0 - eps_low, 1.0 + eps_high) * a
     per = -w.to(logp.dtype) * torch.minimum(unclipped, clipped)
-    loss = aggregate(_apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate(apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs,
+                     seq_index=seq_index)
     with torch.no_grad():
         metrics = {
             "ratio/clip_frac": masked_mean((clipped < unclipped).float(), mask).item(),
@@ -263,15 +147,18 @@ def tis_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     keep: Tensor | None = None,
+    seq_index: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Truncated IS policy gradient: per token ``-w * r * A`` with ``r = pi_theta/pi_prox`` (1 at step start, so
     the gradient is ``-w * A * grad log pi_theta`` there) and detached ``w = min(pi_prox/mu, is_cap)``. No clipping:
     unlike decoupled PPO there is no trust region, only the engine/trainer (and staleness) correction."""
-    w, is_metrics = truncated_is_weight(prox_logp, behav_logp, mask, cap=is_cap, level=is_level)
-    a = _bt(adv, logp).to(logp.dtype)
+    w, is_metrics = truncated_is_weight(prox_logp, behav_logp, mask, cap=is_cap, level=is_level,
+                                        seq_index=seq_index)
+    a = broadcast_rows(adv, logp).to(logp.dtype)
     r = torch.exp(logp - prox_logp.detach())
     per = -w.to(logp.dtype) * r * a
-    loss = aggregate(_apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate(apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs,
+                     seq_index=seq_index)
     with torch.no_grad():
         metrics = {"ratio/mean": masked_mean(r, mask).item(), **is_metrics}
     return loss, metrics
@@ -290,13 +177,14 @@ def cispo_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     keep: Tensor | None = None,
+    seq_index: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """CISPO: per token ``-sg(clip(pi_theta/mu, 1-eps_low, 1+eps_high)) * A * log pi_theta``. The IS weight is
     clipped and detached, so every token keeps a gradient (no token is dropped as in PPO's clip). Metrics:
     ``is/weight_mean``/``is/weight_max`` of the raw ratio, ``is/truncated_frac`` (share outside the band)."""
     with torch.no_grad():
-        logr = log_ratio_at_level(_hi(logp), _hi(behav_logp), mask, is_level)
-        raw = torch.exp(logr.clamp(max=_LOG_METRIC_CAP))
+        logr = log_ratio_at_level(hi_precision(logp), hi_precision(behav_logp), mask, is_level, seq_index)
+        raw = torch.exp(logr.clamp(max=LOG_METRIC_CAP))
         w = torch.clamp(raw, 1.0 - eps_low, 1.0 + eps_high)
         outside = (raw < 1.0 - eps_low) | (raw > 1.0 + eps_high)
         metrics = {
@@ -304,9 +192,10 @@ def cispo_loss(
             "is/weight_max": masked_max(raw, mask).item(),
             "is/truncated_frac": masked_mean(outside.float(), mask).item(),
         }
-    a = _bt(adv, logp).to(logp.dtype)
+    a = broadcast_rows(adv, logp).to(logp.dtype)
     per = -w.to(logp.dtype) * a * logp
-    loss = aggregate(_apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate(apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs,
+                     seq_index=seq_index)
     return loss, metrics
 
 
@@ -321,18 +210,19 @@ def topr_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     keep: Tensor | None = None,
+    seq_index: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """TOPR (tapered off-policy REINFORCE): with ``R = score`` (the trajectory reward, ``[B]`` or ``[B, T]``),
     tokens of trajectories with ``R >= 0`` get ``-R * log pi_theta`` (no IS weight: SFT-like), those with ``R < 0``
     get ``-sg(clip(pi_theta/mu, 0, 1)) * R * log pi_theta``. The ratio uses ``is_level`` (the paper's form is
     ``sequence``). Metrics: raw ratio mean/max over negative tokens, ``is/truncated_frac`` (share of negative
     tokens whose ratio was capped at 1), ``topr/neg_frac``."""
-    s = _bt(score, logp).to(logp.dtype)
+    s = broadcast_rows(score, logp).to(logp.dtype)
     neg = (s < 0).to(mask.dtype)
     with torch.no_grad():
-        logr = log_ratio_at_level(_hi(logp), _hi(behav_logp), mask, is_level)
+        logr = log_ratio_at_level(hi_precision(logp), hi_precision(behav_logp), mask, is_level, seq_index)
         w = torch.exp(logr.clamp(max=0.0))
-        raw = torch.exp(logr.clamp(max=_LOG_METRIC_CAP))
+        raw = torch.exp(logr.clamp(max=LOG_METRIC_CAP))
         neg_mask = mask * neg
         n_neg = float(neg_mask.sum().item())
         metrics = Metrics(
@@ -347,7 +237,8 @@ def topr_loss(
         )
     weight = torch.where(neg > 0, w.to(logp.dtype), torch.ones_like(logp))
     per = -weight * s * logp
-    loss = aggregate(_apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate(apply_keep(per, keep), mask, aggregation, num_tokens=num_tokens, num_seqs=num_seqs,
+                     seq_index=seq_index)
     return loss, metrics
 
 
@@ -363,14 +254,15 @@ def gspo_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     keep: Tensor | None = None,
+    seq_index: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO: the sequence ratio ``s = (pi_theta(y|x)/pi_old(y|x))^(1/|y|) = exp(mean_t (logp - old_logp))`` clipped
     like PPO, ``-min(s*A, clip(s, 1-eps_low, 1+eps_high)*A)``, the same value on every token of the sequence (so
     ``seq_mean_token_mean`` gives the paper's per-sequence mean). Metrics: ``ratio/clip_frac`` (share of
     loss tokens in clipped sequences), ``ratio/mean`` (mean sequence ratio per token)."""
-    log_s = log_ratio_at_level(logp, old_logp.detach(), mask, "geometric")  # [B, T], grad flows via logp
-    return _clipped_surrogate(torch.exp(log_s), _bt(adv, logp).to(logp.dtype), mask, keep, eps_low, eps_high,
-                              aggregation, num_tokens, num_seqs)
+    log_s = log_ratio_at_level(logp, old_logp.detach(), mask, "geometric", seq_index)  # grad flows via logp
+    return _clipped_surrogate(torch.exp(log_s), broadcast_rows(adv, logp).to(logp.dtype), mask, keep, eps_low, eps_high,
+                              aggregation, num_tokens, num_seqs, seq_index)
 
 
 # ------------------------------------------------------------------------------------------------ dispatcher
@@ -387,11 +279,13 @@ def policy_loss(
     entropy: Tensor | None = None,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    seq_index: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The configured loss ``cfg.name`` plus the optional KL-to-reference and entropy terms.
 
     Shapes: ``logp, prox_logp, behav_logp, ref_logp, entropy, mask: [B, T]``; ``adv: [B]`` or ``[B, T]``;
-    ``reward: [B]`` (TOPR with ``topr_signal: reward``). Raises ``ValueError`` naming any input the configured loss
+    ``reward: [B]`` (TOPR with ``topr_signal: reward``); ``seq_index: [B]`` (rows that are segments of one
+    trajectory, see the module docstring). Raises ``ValueError`` naming any input the configured loss
     needs and did not get. Returns ``(total_loss, metrics)``; metrics add ``loss/policy``, ``loss/kl`` and
     ``kl/ref`` (when ``kl_coef > 0``), ``entropy`` (when given), ``is/masked_frac`` (with ``ratio_mask``), and
     ``mismatch/kl_k1``, ``mismatch/kl_k3`` (estimates of ``KL(mu || pi_prox)`` over loss tokens, when both
@@ -415,10 +309,10 @@ def policy_loss(
     if cfg.ratio_mask is not None:
         keep = ratio_band_mask(
             need(prox_logp, "prox_logp", "ratio_mask"), need(behav_logp, "behav_logp", "ratio_mask"),
-            mask, cfg.ratio_mask, cfg.is_level,
+            mask, cfg.ratio_mask, cfg.is_level, seq_index,
         )
     aggregation = cfg.effective_aggregation
-    agg = dict(aggregation=aggregation, num_tokens=num_tokens, num_seqs=num_seqs, keep=keep)
+    agg = dict(aggregation=aggregation, num_tokens=num_tokens, num_seqs=num_seqs, keep=keep, seq_index=seq_index)
     if name == "ppo":
         loss, metrics = ppo_clip_loss(logp, old, adv, mask, eps_low=cfg.clip_low, eps_high=cfg.clip_high, **agg)
     elif name == "decoupled_ppo":
@@ -448,7 +342,7 @@ def policy_loss(
     metrics = metrics if isinstance(metrics, Metrics) else Metrics(metrics)
     metrics["loss/policy"] = float(loss.detach().item())
     total = loss
-    agg_only = dict(num_tokens=num_tokens, num_seqs=num_seqs)
+    agg_only = dict(num_tokens=num_tokens, num_seqs=num_seqs, seq_index=seq_index)
     if cfg.kl_coef > 0:
         kl = kl_per_token(logp, need(ref_logp, "ref_logp", "kl_coef > 0"), cfg.kl_estimator)
         kl_loss = aggregate(kl, mask, aggregation, **agg_only)
@@ -464,12 +358,3 @@ def policy_loss(
     if prox_logp is not None and behav_logp is not None:
         metrics.update(mismatch_metrics(prox_logp, behav_logp, mask))
     return total, metrics
-
-
-def mismatch_metrics(prox_logp: Tensor, behav_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """Estimates ``KL(mu || pi_prox)`` from tokens sampled from ``mu``: k1 ``mean(log mu - log pi_prox)`` and
-    k3 ``mean(pi_prox/mu - 1 - log(pi_prox/mu))`` (non-negative, lower variance)."""
-    with torch.no_grad():
-        d = (_hi(prox_logp) - _hi(behav_logp)) * mask  # log(pi_prox / mu)
-        k3 = torch.exp(d.clamp(max=_LOG_METRIC_CAP)) - 1.0 - d
-        return {"mismatch/kl_k1": masked_mean(-d, mask).item(), "mismatch/kl_k3": masked_mean(k3, mask).item()}

@@ -6,7 +6,8 @@ the compute dtype). :func:`configure_layers` applies gradient checkpointing to e
 decoder layer and ``torch.compile`` per decoder layer. :func:`choose_logprob_impl` picks the log-prob path
 (:mod:`agentrl.trainer.logprobs`) after checking that the model's logits really are ``h @ W.T`` of its last hidden
 states. :func:`micro_batch_logprobs` runs the decoder on a :class:`~agentrl.trainer.batching.MicroBatch` and returns
-padded ``[b, T]`` log-probs (and entropy), at the given temperature, in float32.
+padded ``[b, T]`` log-probs (and entropy), at the given temperature, in float32. :class:`ModelRunner` runs those
+passes over whole lists of sequences (micro-batch split, FSDP lockstep, no-gradient log-prob fills).
 
 Invariant: whatever the path and layout, the log-probs equal those of the model's own full logits (float32
 log-softmax of ``logits / temperature``) up to float rounding; tests hold every path to 1e-5 against that.
@@ -17,14 +18,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from agentrl.trainer.batching import MicroBatch
+from agentrl.trainer.batching import MicroBatch, Seq, collate, pad_rows, scoring_sequences, split_micro
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.logprobs import chunked_entropy, full_logprobs, liger_available, liger_logprobs
 from agentrl.trainer.logprobs import liger_runnable, torch_logprobs
+from agentrl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -174,3 +177,108 @@ def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, *, impl: str, c
                     ent = torch.zeros_like(lp)
                     ent[sel] = chunked_entropy(h.detach()[sel], w, temperature=temperature, compute_dtype=dt)
     return mb.scatter(lp), (None if ent is None else mb.scatter(ent))
+
+
+def select_device(config: TrainerConfig) -> torch.device:
+    """The trainer's device (``auto``: CUDA when available), with the CUDA settings a variable-length trainer
+    needs. Raises ``ValueError`` when ``cuda`` is asked for and absent."""
+    if config.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        if config.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device: cuda was requested but torch.cuda.is_available() is False")
+        device = torch.device(config.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_initialized():
+            # fp32 master weights + bf16 activations of varying shapes fragment the caching allocator
+            # (seen: OOM at step 2 on an H100 without this)
+            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        # cuDNN attention re-plans for every new sequence length (variable-length batches: 1.7x slower step)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    return device
+
+
+class ModelRunner:
+    """Micro-batched passes of the policy model (or the frozen reference model) over prepared sequences: the
+    micro-batch split, the padded or packed layout, the log-prob path, and FSDP's lockstep (every rank runs as
+    many forward passes of the sharded policy as its busiest peer, each all-gathering parameters). Lives as long
+    as the trainer; :meth:`shard` switches it to FSDP (log-probs from the model's full logits then, since the
+    chunked paths read the output head outside the model's forward, where FSDP2 holds only a shard of it)."""
+
+    def __init__(self, config: TrainerConfig, policy: torch.nn.Module, device: torch.device, impl: str,
+                 compute_dtype: torch.dtype) -> None:
+        self.config, self.policy, self.device = config, policy, device
+        self.impl, self.compute_dtype = impl, compute_dtype
+        self.vocab_size = int(policy.get_input_embeddings().weight.shape[0])
+        self.fsdp = False
+
+    def shard(self) -> None:
+        if self.impl != "full":
+            log.info("fsdp: log-probs from the model's full logits (logprob_impl %s needs the unsharded head)",
+                     self.impl)
+            self.impl = "full"
+        self.fsdp = True
+
+    def forward(self, model: torch.nn.Module, mb: MicroBatch, *, entropy: bool,
+                entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Returns ``logp: [b, T]`` of the targets (float32, at ``config.temperature``) and, if asked,
+        ``entropy: [b, T]`` (with gradient only if ``entropy_grad``)."""
+        return micro_batch_logprobs(model, mb, impl=self.impl, compute_dtype=self.compute_dtype,
+                                    temperature=self.config.temperature, entropy=entropy, entropy_grad=entropy_grad)
+
+    def micro_batches(self, seqs: list[Seq], model: torch.nn.Module | None = None) -> list[list[Seq]]:
+        """Micro-batches of ``seqs``; for the sharded policy padded with empty ones up to the largest count of any
+        rank."""
+        cfg = self.config
+        groups = split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens, packing=cfg.packing)
+        if self.fsdp and (model is None or model is self.policy):
+            from agentrl.trainer.dp_rank import agree_count
+
+            groups += [[] for _ in range(agree_count(len(groups), self.device) - len(groups))]
+        return groups
+
+    def dummy_pass(self, model: torch.nn.Module, backward: bool) -> None:
+        """A forward (and backward) of a 2-token sequence with no loss token: an FSDP rank with fewer micro-batches
+        than its peers joins their collectives with it; its gradient contribution is exactly zero."""
+        mb = collate(scoring_sequences([[0, 0]], self.vocab_size), self.device, packing=self.config.packing)
+        logp, _ = self.forward(model, mb, entropy=False)
+        if backward:
+            (logp.sum() * 0.0).backward()
+
+    @torch.no_grad()
+    def fill_logprobs(self, seqs: list[Seq], model: torch.nn.Module, attr: str,
+                      on_logp: Callable[[MicroBatch, Tensor], None] | None = None) -> None:
+        """Sets ``seq.<attr>`` to the sequence's target log-probs under ``model`` (no gradient, eval mode);
+        ``on_logp(mb, logp)`` sees each micro-batch's ``[b, T]`` CPU log-probs."""
+        model.eval()
+        for group in self.micro_batches(seqs, model):
+            if not group:
+                self.dummy_pass(model, backward=False)
+                continue
+            mb = collate(group, self.device, packing=self.config.packing)
+            logp, _ = self.forward(model, mb, entropy=False)
+            logp = logp.float().cpu()
+            for j, s in enumerate(group):
+                setattr(s, attr, logp[j, : s.length - 1].clone())
+            if on_logp is not None:
+                on_logp(mb, logp)
+
+    @torch.no_grad()
+    def score(self, batch: Sequence[Trajectory] | Sequence[Sequence[int]]) -> Tensor:
+        """``logp: [B, T]`` (float32, CPU) of trajectories or plain token-id lists under the policy, 0.0 beyond
+        each sequence; a segmented trajectory's tokens are scored within their own segment (0.0 at the first
+        token of each later segment)."""
+        if any(isinstance(b, Trajectory) and b.segments for b in batch):
+            flat = [(i, a, b) for i, t in enumerate(batch) for a, b in t.segment_slices()]  # type: ignore[union-attr]
+            parts = self.score([batch[i].token_ids[a:b] for i, a, b in flat])  # type: ignore[union-attr]
+            out = torch.zeros(len(batch), max(len(t.token_ids) for t in batch) - 1)  # type: ignore[union-attr]
+            for row, (i, a, b) in zip(parts, flat):
+                out[i, a:b - 1] = row[: b - a - 1]
+            return out
+        ids = [list(b.token_ids) if isinstance(b, Trajectory) else list(b) for b in batch]
+        seqs = scoring_sequences(ids, self.vocab_size)
+        was_training = self.policy.training
+        self.fill_logprobs(seqs, self.policy, "prox")
+        self.policy.train(was_training)
+        T = max(len(x) for x in ids) - 1
+        return pad_rows([s.prox for s in seqs], T, 0.0, torch.float32)  # type: ignore[misc]

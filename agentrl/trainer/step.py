@@ -165,5 +165,12 @@ class RecordSampler:
         self.records[slot] = {"trajectory_id": traj_id, "version": int(version),
                               "logprobs": [float(x) for x in logprobs.detach().float().cpu().tolist()]}
 
+    def offer(self, seqs: list[Seq], version: int, logp: Tensor) -> None:
+        """Offers each of ``seqs`` with its row of ``logp: [b, T]`` (log-probs of the weights of ``version``)."""
+        for j, s in enumerate(seqs):
+            slot = self.slot()
+            if slot is not None:
+                self.put(slot, s.traj_id, version, logp[j, : s.length - 1])
+
     def take(self) -> list[dict]:
         return [r for r in self.records if r]

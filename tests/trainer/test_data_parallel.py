@@ -1,5 +1,5 @@
 """Data-parallel trainer ranks on a real local Ray cluster with gloo: N ranks compute the same update as one trainer
-(uneven shards, token- and sequence-normalised losses, streamed steps), checkpoints round-trip at world_size 2 and
+(uneven shards, token- and sequence-normalised losses, streamed steps, two mini-batches), checkpoints round-trip at world_size 2 and
 refuse another world_size, a dead rank fails the step naming it, and a too-large world_size is refused before any
 model loads. One Ray cluster for the module and two groups of two tiny-model ranks: ``dp_group`` (decoupled PPO,
 ``sharding: replicate``, shared by the tests in file order, killed by the dead-rank test) and a GRPO group with
@@ -152,6 +152,28 @@ def test_two_ranks_equal_one_trainer(dp_group, tiny_model_dir: Path, tmp_path: P
     finally:
         if group is not dp_group:
             stop_trainer(group)
+
+
+def test_two_ranks_equal_one_trainer_with_two_mini_batches(ray_local, tiny_model_dir: Path) -> None:
+    """``num_mini_batches: 2``: the ranks take the single trainer's two optimizer steps on its two mini-batches
+    (each shared out between the ranks), not each its own split of its shard."""
+    cfg = _cfg(LOSSES["decoupled_ppo"], num_mini_batches=2)
+    groups = _groups()
+    single = Trainer(cfg, tiny_model_dir)
+    initial = single.state_dict_for_inference(torch.float32)
+    m1 = single.train_step(groups)
+    expected = single.state_dict_for_inference(torch.float32)
+    assert _max_diff(initial, expected) > 1e-4 and m1["optimizer_steps"] == 2
+    group = create_trainer(_cfg(LOSSES["decoupled_ppo"], num_mini_batches=2, world_size=2), tiny_model_dir)
+    try:
+        m2 = group.train_step.remote(groups).result()
+        for rank in (0, 1):
+            assert _max_diff(_rank_weights(group, rank), expected) <= 1e-5, rank
+        assert m2["optimizer_steps"] == 2 and m2["train/skipped_steps"] == 0
+        for key in ("loss", "grad_norm", "batch/loss_tokens", "ratio/clip_frac", "mismatch/kl_k3"):
+            assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+    finally:
+        stop_trainer(group)
 
 
 def test_checkpoint_round_trip_at_world_size_2(dp_group, tiny_model_dir: Path, tmp_path: Path) -> None:

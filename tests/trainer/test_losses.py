@@ -20,6 +20,7 @@ from agentrl.trainer.losses import (
     decoupled_ppo_loss,
     gspo_loss,
     kl_per_token,
+    log_ratio_at_level,
     policy_loss,
     ppo_clip_loss,
     tis_loss,
@@ -367,3 +368,33 @@ def test_k3_kl_stays_finite_for_extreme_log_ratios() -> None:
     loss, _ = policy_loss(cfg, logp=lp, mask=torch.ones(1, 2), adv=torch.tensor([1.0]), prox_logp=lp.detach(),
                           ref_logp=torch.tensor([[-1.0, -2.0]]))
     assert torch.isfinite(loss)
+
+
+def test_sequence_terms_are_per_trajectory_when_rows_are_its_segments() -> None:
+    """Rows 0-2 are the three segments of trajectory A (1, 2 and 1 loss tokens), row 3 is trajectory B (2 loss
+    tokens); ``seq_index`` says so. Every sequence-level term is taken over A's 4 tokens, and there are 2 sequences,
+    not 4."""
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    seq_index = torch.tensor([0, 0, 0, 1])
+    per = torch.tensor([[1.0, 9.0], [2.0, 3.0], [4.0, 9.0], [5.0, 7.0]])  # 9.0: masked out
+    # A: sum 1+2+3+4 = 10 over 4 tokens (mean 2.5); B: sum 12 over 2 tokens (mean 6)
+    assert float(aggregate(per, mask, "seq_mean_token_mean", seq_index=seq_index)) == pytest.approx((2.5 + 6) / 2)
+    assert float(aggregate(per, mask, "seq_mean_token_sum", seq_index=seq_index)) == pytest.approx((10 + 12) / 2)
+    # without seq_index each segment is a sequence: (1 + 2.5 + 4 + 6) / 4
+    assert float(aggregate(per, mask, "seq_mean_token_mean")) == pytest.approx(13.5 / 4)
+    # log-ratios: A's tokens 0.1, 0.2, 0.3, 0.4 (sum 1.0, mean 0.25); B's 0.5, 0.7 (sum 1.2, mean 0.6)
+    d = torch.tensor([[0.1, 0.0], [0.2, 0.3], [0.4, 0.0], [0.5, 0.7]], dtype=torch.float64)
+    zero = torch.zeros_like(d)
+    seq = log_ratio_at_level(d, zero, mask, "sequence", seq_index)
+    geo = log_ratio_at_level(d, zero, mask, "geometric", seq_index)
+    assert torch.allclose(seq[:, 0], torch.tensor([1.0, 1.0, 1.0, 1.2], dtype=torch.float64))
+    assert torch.allclose(geo[:, 0], torch.tensor([0.25, 0.25, 0.25, 0.6], dtype=torch.float64))
+    # GSPO at ratio 1 (logp == old): each trajectory contributes -A once, whatever its number of segments
+    logp = torch.zeros(4, 2, dtype=torch.float64, requires_grad=True)
+    loss, _ = gspo_loss(logp, torch.zeros(4, 2, dtype=torch.float64), torch.tensor([2.0, 2.0, 2.0, -1.0]), mask,
+                        seq_index=seq_index)
+    assert float(loss) == pytest.approx(-(2.0 - 1.0) / 2)
+    loss.backward()
+    # d/dlogp_t of -A * exp(mean_t logp) / 2 = -A / (2 * tokens of the trajectory): A: -2/8, B: 1/4
+    assert torch.allclose(logp.grad * mask, torch.tensor([[-0.25, 0], [-0.25, -0.25], [-0.25, 0], [0.25, 0.25]],
+                                                         dtype=torch.float64))

@@ -100,6 +100,34 @@ def test_streamed_step_refusals(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert tr.finish_step()["version"] == 1
 
 
+def test_a_group_with_no_trainable_trajectory_is_dropped_in_both_paths(tiny_model_dir: Path) -> None:
+    """A group whose every trajectory is invalid (here NaN behavior log-probs, as a remote server may return) is
+    dropped and counted by a streamed step exactly as by the whole-batch step, which trains on the rest; a step
+    with nothing trainable at all is refused by both, and leaves the trainer as it was."""
+    groups = _groups()
+    for t in groups[1].trajectories:
+        t.logprobs = [float("nan") if m else 0.0 for m in t.loss_mask]
+    whole = Trainer(_cfg(), tiny_model_dir)
+    m_whole = whole.train_step(groups)
+    streamed = Trainer(_cfg(), tiny_model_dir)
+    streamed.start_step()
+    for g in groups:
+        streamed.accumulate([g])
+    m_stream = streamed.finish_step()
+    assert m_whole["batch/dropped_invalid"] == m_stream["batch/dropped_invalid"] == 3
+    assert m_stream["batch/num_seqs"] == m_whole["batch/num_seqs"] == 6
+    for k, v in _params(whole).items():
+        assert torch.allclose(_params(streamed)[k], v, atol=1e-5, rtol=0), k
+
+    with pytest.raises(ValueError, match="no trainable trajectory"):
+        whole.train_step(groups[1:2])
+    streamed.start_step()
+    streamed.accumulate(groups[1:2])
+    with pytest.raises(ValueError, match="no trainable trajectory"):
+        streamed.finish_step()
+    assert not streamed.step_in_progress and streamed.version == whole.version == 1
+
+
 def test_abort_leaves_weights_and_version(tiny_model_dir: Path) -> None:
     groups = _groups()
     tr = Trainer(_cfg(), tiny_model_dir)
@@ -247,3 +275,58 @@ def test_two_workers_through_the_reducer_hook_equal_one_worker(tiny_model_dir: P
     for key in ("loss", "grad_norm", "reward/mean", "batch/loss_tokens", "entropy", "staleness/mean"):
         assert results[0][key] == pytest.approx(m_single[key], rel=1e-4, abs=1e-6), key
         assert results[1][key] == pytest.approx(results[0][key], rel=1e-6, abs=1e-9), key
+
+
+def test_two_workers_with_two_mini_batches_take_the_single_trainers_steps(tiny_model_dir: Path) -> None:
+    """``num_mini_batches: 2`` over two workers holding interleaved shards (with their batch positions): both take
+    the single trainer's two optimizer steps, on its two mini-batches, whatever the shards."""
+    from agentrl.trainer.advantages import compute_advantages
+
+    groups = _groups(n_groups=3, size=3)
+    flat = [t for g in groups for t in g.trajectories]
+    adv = compute_advantages(groups, _cfg().advantage)
+    single = Trainer(_cfg(num_mini_batches=2), tiny_model_dir)
+    m_single = single.train_step(flat, adv)
+    assert m_single["optimizer_steps"] == 2
+
+    ex = _Exchange(2)
+    workers = [Trainer(_cfg(num_mini_batches=2), tiny_model_dir) for _ in range(2)]
+    positions = [[0, 3, 4, 8], [1, 2, 5, 6, 7]]  # each mini-batch (0-4, 5-8) split unevenly between the workers
+    results: list = [None, None]
+    for rank, w in enumerate(workers):
+        w.reducer = _ThreadReducer(ex, rank)
+
+        def reduce_grads(w=w, rank=rank) -> None:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in w._params()]
+            parts = ex.gather(rank, [g.clone() for g in grads])
+            for p, i in zip(w._params(), range(len(grads))):
+                p.grad = sum(q[i] for q in parts)
+
+        w._reduce_gradients = reduce_grads  # type: ignore[method-assign]
+
+    def run(rank: int) -> None:
+        pos = positions[rank]
+        results[rank] = workers[rank].train_step([flat[i] for i in pos], [adv[i] for i in pos], positions=pos)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert all(r is not None for r in results)
+    for w in workers:
+        for k, v in _params(single).items():
+            assert torch.allclose(_params(w)[k], v, atol=1e-5, rtol=0), k
+    for key in ("loss", "grad_norm", "optimizer_steps", "batch/loss_tokens"):
+        assert results[0][key] == pytest.approx(m_single[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_refused_accumulate_call_adds_nothing(tiny_model_dir: Path) -> None:
+    groups = _groups()
+    tr = Trainer(_cfg(), tiny_model_dir)
+    tr.start_step()
+    with pytest.raises(ValueError, match="advantages"):
+        tr.accumulate(groups[:1], [1.0])  # misaligned: 3 trajectories
+    assert tr.accumulate(groups[:1])["accumulate/seqs"] == 3  # the group was not registered by the refused call
+    m = tr.finish_step()
+    assert m["batch/num_seqs"] == 3

@@ -476,3 +476,47 @@ def test_segmented_trajectory_trains_as_its_segments(tiny_model_dir: Path) -> No
     assert results[0][0] == results[1][0] == 2.0 and results[2][0] == 1.0
     assert torch.allclose(results[0][1], results[1][1], atol=1e-6)
     assert not torch.allclose(results[0][1], results[2][1], atol=1e-6)
+
+
+def _three_segments_and_one() -> list[Trajectory]:
+    """A group of two: trajectory ``a`` recorded as 3 segments (2, 5 and 3 generated tokens: 10) and ``b`` as one
+    (4 generated tokens)."""
+    parts = [make_traj(f"a.{i}", "g", PROMPT + [5] * i, comp, 1.0) for i, comp in enumerate([GOOD[:2], BAD, GOOD[:3]])]
+    a = Trajectory(id="a", group_id="g", env_id="test", token_ids=sum((p.token_ids for p in parts), []),
+                   loss_mask=sum((p.loss_mask for p in parts), []), logprobs=sum((p.logprobs for p in parts), []),
+                   versions=sum((p.versions for p in parts), []), prompt_len=len(PROMPT), reward=1.0,
+                   segments=[len(p.token_ids) for p in parts])
+    return [a, make_traj("b", "g", [7, 8, 9], [30, 31, 32, 33], 0.0)]
+
+
+def test_sequence_level_loss_weighs_a_segmented_trajectory_once(tiny_model_dir: Path) -> None:
+    """GSPO's default ``seq_mean_token_mean`` at step start (every sequence ratio 1): each trajectory's term is
+    ``-A_i`` times the mean over its 10 or 4 loss tokens of ``grad log pi``, and the batch has 2 sequences, not 4.
+    So the loss is ``-(2 + (-1)) / 2`` and the gradient equals that of a token mean (PPO, ratio 1) whose
+    advantages are rescaled to ``A_i * N / (2 * L_i)`` with N = 14 loss tokens."""
+    def grads_of(loss: LossConfig, adv: list[float]) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        tr = Trainer(cfg(loss=loss, max_grad_norm=None, micro_batch_size=2), tiny_model_dir)
+        grads = _capture_grads(tr)
+        return tr.train_step(_three_segments_and_one(), adv), dict(grads)
+
+    m, g = grads_of(LossConfig(name="gspo"), [2.0, -1.0])
+    assert m["loss"] == pytest.approx(-0.5, abs=1e-6)  # per segment it would be (-2 * 3 + 1) / 4 = -1.25
+    _, g_ref = grads_of(LossConfig(name="ppo", aggregation="token_mean"), [2.0 * 14 / 20, -1.0 * 14 / 8])
+    assert sum(float(v.norm()) for v in g.values()) > 0
+    for name in g:
+        assert torch.allclose(g[name], g_ref[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_sequence_level_is_weight_spans_all_segments(tiny_model_dir: Path) -> None:
+    """``is_level: sequence``: every loss token of a trajectory gets ``exp(sum over all its segments' tokens of
+    log(pi_prox / mu))``. With ``mu = pi_prox * exp(-0.05)`` on every generated token that is ``exp(0.05 * 10)`` on
+    the 10 tokens of ``a`` and ``exp(0.05 * 4)`` on the 4 of ``b``."""
+    tr = Trainer(cfg(loss=LossConfig(name="decoupled_ppo", is_level="sequence", is_cap=100.0)), tiny_model_dir)
+    trajs = _three_segments_and_one()
+    lp = tr.compute_logprobs(trajs)
+    for i, t in enumerate(trajs):
+        t.logprobs = [float(lp[i, j - 1]) - 0.05 if m else 0.0 for j, m in enumerate(t.loss_mask)]
+    m = tr.train_step(trajs, [1.0, -1.0])
+    expected = (10 * math.exp(0.5) + 4 * math.exp(0.2)) / 14
+    assert m["is/weight_mean"] == pytest.approx(expected, rel=1e-4)
+    assert m["is/weight_max"] == pytest.approx(math.exp(0.5), rel=1e-4)
