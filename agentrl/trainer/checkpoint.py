@@ -241,8 +241,6 @@ def save_trainer(trainer: Trainer, path: str | os.PathLike) -> Path:
     state = {"optimizer_steps": trainer.optimizer_steps, "version": trainer.version,
              "config": to_dict(trainer.config), "world_size": trainer._world, "sharding": trainer.sharding}
     if trainer.sharding == "fsdp":
-        from agentrl.trainer.dp_rank import save_sharded
-
         return save_sharded(path, trainer.model, trainer.optimizer, trainer.model_path, state)
     if trainer.rank != 0:
         return Path(path)  # replicate: every rank holds the same model and optimizer state; rank 0 writes it
@@ -264,8 +262,6 @@ def load_trainer(trainer: Trainer, path: str | os.PathLike) -> dict[str, Any]:
             f"trainer.world_size={trainer._world}; resume with trainer.world_size={saved_world} (a checkpoint "
             f"holds the whole model, but its optimizer and RNG states belong to the rank layout that saved it)")
     if trainer.sharding == "fsdp":
-        from agentrl.trainer.dp_rank import load_sharded
-
         if saved.get("sharding") != "fsdp":
             raise ValueError(f"{where}: saved with trainer.sharding {saved.get('sharding')!r}, this run uses "
                              "fsdp: resume with the sharding that saved it")
@@ -275,3 +271,37 @@ def load_trainer(trainer: Trainer, path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{where}: saved with trainer.sharding 'fsdp', this run uses {trainer.sharding!r}: "
                          "resume with trainer.sharding=fsdp")
     return load(where, model=trainer.model, optimizer=trainer.optimizer, device=trainer.device)
+
+
+# ------------------------------------------------------------------------------------- FSDP (sharded) models
+def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 source_model_path: Path, state: dict[str, Any]) -> Path:
+    """Checkpoints an FSDP model: the full model and optimizer state are gathered (collectives: every rank calls
+    this) and rank 0 writes them as a normal checkpoint (:func:`save`; the optimizer
+    state keyed by parameter names). Returns ``path``."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from agentrl.trainer.dp_rank import full_state_dict
+
+    model_state = full_state_dict(model)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
+                                                                                      cpu_offload=True))
+    if dist.get_rank() != 0:
+        return Path(path)
+    return save(path, model=model, optimizer=None, source_model_path=source_model_path, state=state,
+                     model_state=model_state, optimizer_state=optim_state)
+
+
+def load_sharded(where: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Loads a checkpoint written by :func:`save_sharded` into an FSDP model and its optimizer on every rank (each
+    reads the files and keeps its shard), and restores rank 0's RNG states."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    # strict=False: the file omits tied weights (lm_head.weight <- embed_tokens.weight)
+    opts = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(model, read_weights(where), options=opts)
+    osd = torch.load(where / "optimizer.pt", map_location="cpu", weights_only=True)
+    set_optimizer_state_dict(model, optimizer, osd, options=opts)
+    restore_rng(where)

@@ -235,41 +235,6 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     return sd
 
 
-def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 source_model_path: Path, state: dict[str, Any]) -> Path:
-    """Checkpoints an FSDP model: the full model and optimizer state are gathered (collectives: every rank calls
-    this) and rank 0 writes them as a normal checkpoint (:func:`agentrl.trainer.checkpoint.save`; the optimizer
-    state keyed by parameter names). Returns ``path``."""
-    import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    from agentrl.trainer import checkpoint as ckpt
-
-    model_state = full_state_dict(model)
-    optim_state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
-                                                                                      cpu_offload=True))
-    if dist.get_rank() != 0:
-        return Path(path)
-    return ckpt.save(path, model=model, optimizer=None, source_model_path=source_model_path, state=state,
-                     model_state=model_state, optimizer_state=optim_state)
-
-
-def load_sharded(where: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Loads a checkpoint written by :func:`save_sharded` into an FSDP model and its optimizer on every rank (each
-    reads the files and keeps its shard), and restores rank 0's RNG states."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
-
-    from agentrl.trainer import checkpoint as ckpt
-
-    # strict=False: the file omits tied weights (lm_head.weight <- embed_tokens.weight)
-    opts = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(model, ckpt.read_weights(where), options=opts)
-    osd = torch.load(where / "optimizer.pt", map_location="cpu", weights_only=True)
-    set_optimizer_state_dict(model, optimizer, osd, options=opts)
-    ckpt.restore_rng(where)
-
-
 def rank_env() -> dict[str, str]:
     """What a rank reports about itself (for errors naming the rank): pid and host."""
     return {"pid": str(os.getpid()), "host": socket.gethostname()}

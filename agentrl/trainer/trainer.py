@@ -54,6 +54,10 @@ class Trainer:
     ``ValueError`` for an invalid config (naming the key). It trains alone until :meth:`enable_data_parallel`
     makes it one rank of a ``torch.distributed`` group (:mod:`agentrl.trainer.dp_rank`); ``reducer`` (default
     :class:`~agentrl.trainer.step.LocalReducer`) is the data-parallel hook: see :meth:`_global_counts`.
+
+    One idea: the run-long state of training (model, optimizer, version, rank) and the public API over it; what
+    lives for one update is :class:`~agentrl.trainer.policy_step.PolicyStep`'s, forward passes are
+    :class:`~agentrl.trainer.model.ModelRunner`'s and checkpoints :mod:`agentrl.trainer.checkpoint`'s.
     """
 
     def __init__(self, config: TrainerConfig, model_path: str | os.PathLike) -> None:
