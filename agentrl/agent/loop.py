@@ -51,7 +51,7 @@ from typing import Any
 from agentrl.chat import ChatConfig, ChatRenderer, Continuation, TemplateError, canonical_text
 from agentrl.core import Message
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
-from agentrl.inference.resubmit import ResubmitError, derive_seed, generate_resubmitting
+from agentrl.inference.resubmit import BadGeneration, ResubmitError, derive_seed, generate_resubmitting
 from agentrl.policy import Action, EpisodeMeta, Policy, PolicySession, TokenRecord
 from agentrl.trajectory import TokenTape
 
@@ -336,8 +336,8 @@ class AgentLoopSession(PolicySession):
                 request_id=lambda a: f"{tid}-t{turn}-r{a}", session_id=tid, max_resubmits=self.cfg.max_resubmits,
                 seed=lambda a: derive_seed(self.cfg.seed, tid, turn, a), closed=lambda: self._closed,
                 on_request=track)
-        except ResubmitError as e:
-            raise RuntimeError(f"trajectory {tid} turn {turn}: {e}") from None
+        except (ResubmitError, BadGeneration) as e:
+            raise type(e)(f"trajectory {tid} turn {turn}: {e}") from None
         finally:
             self.stats["generate_s"] += time.perf_counter() - t0
         self.stats["resubmits"] += resubmits

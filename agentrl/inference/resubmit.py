@@ -26,7 +26,11 @@ def derive_seed(base: int | None, *parts: Any) -> int | None:
 
 
 class ResubmitError(RuntimeError):
-    """A completion was aborted more than ``max_resubmits`` times, or the engine returned misaligned tokens."""
+    """A completion was aborted more than ``max_resubmits`` times."""
+
+
+class BadGeneration(ValueError):
+    """The engine returned tokens that cannot be recorded: misaligned, unversioned, or with a non-finite log-prob."""
 
 
 async def generate_resubmitting(
@@ -62,11 +66,11 @@ async def generate_resubmitting(
             on_request(None)
         n = len(gen.token_ids)
         if len(gen.logprobs) != n or len(gen.versions) != n or any(v < 0 for v in gen.versions):
-            raise ResubmitError(f"request {rid}: the engine returned a misaligned or unversioned generation ({n} "
+            raise BadGeneration(f"request {rid}: the engine returned a misaligned or unversioned generation ({n} "
                                 f"tokens, {len(gen.logprobs)} logprobs, versions {gen.versions!r:.100})")
         if not all(math.isfinite(x) for x in gen.logprobs):
             # e.g. a CPU engine forced past the model's positions samples token 0 with a NaN log-prob
-            raise ResubmitError(f"request {rid}: the engine returned a non-finite log-prob "
+            raise BadGeneration(f"request {rid}: the engine returned a non-finite log-prob "
                                 f"({[x for x in gen.logprobs if not math.isfinite(x)][:3]}): such a token cannot be "
                                 f"trained on")
         out.token_ids += gen.token_ids

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from agentrl.inference.base import Generation, SamplingParams
-from agentrl.inference.resubmit import ResubmitError, derive_seed, generate_resubmitting
+from agentrl.inference.resubmit import BadGeneration, ResubmitError, derive_seed, generate_resubmitting
 
 
 class ScriptedEngine:
@@ -59,7 +59,7 @@ async def test_a_closed_caller_stops_resubmitting_and_a_spent_budget_is_length()
     (Generation([0], [-math.inf], [1], "stop"), "non-finite log-prob"),
 ])
 async def test_bad_generations_are_refused(bad, match):
-    with pytest.raises(ResubmitError, match=match):
+    with pytest.raises(BadGeneration, match=match):
         await generate_resubmitting(ScriptedEngine([bad]), [1], SamplingParams(max_tokens=4), request_id=str,
                                     session_id=None, max_resubmits=0)
 
