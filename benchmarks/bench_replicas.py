@@ -105,8 +105,7 @@ def summary(name: str, start_s: float, rounds: list[dict[str, float]], load: tup
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import ray
-    from transformers import AutoTokenizer
-
+    from agentrl.chat import load_tokenizer
     from agentrl.inference.config import EngineConfig
     from agentrl.inference.replicas import ReplicatedEngine
     from agentrl.inference.vllm_engine import VLLMEngine
@@ -124,7 +123,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         model = str(build_tiny_model(tmp.name, spec=spec))
     else:
         model = args.model or str(ensure_tiny_model())
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = load_tokenizer(model)
     base = EngineConfig(model=model, max_model_len=max(1024, 64 + args.turns * (args.tokens + 48)),
                         max_num_seqs=max(args.episodes, 16))
     ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)

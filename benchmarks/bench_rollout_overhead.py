@@ -146,13 +146,12 @@ async def loop_run(engine, tok, args, tag: str) -> dict:
 
 
 async def main_async(args) -> dict:
-    from transformers import AutoTokenizer
-
+    from agentrl.chat import load_tokenizer
     from agentrl.inference import EngineConfig, make_engine
     from agentrl.models import ensure_tiny_model
 
     model = args.model or str(ensure_tiny_model())
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = load_tokenizer(model)
     cfg = EngineConfig(model=model, max_model_len=max(1024, 64 + args.turns * (args.tokens + 32)),
                        max_num_seqs=max(args.episodes, 16))
     engine = await asyncio.to_thread(make_engine, cfg)

@@ -121,10 +121,10 @@ async def main_async(args) -> dict:
     from agentrl.inference.base import SamplingParams
     from agentrl.inference import EngineConfig, make_engine
     from agentrl.models import ensure_tiny_model
-    from transformers import AutoTokenizer
+    from agentrl.chat import load_tokenizer
 
     model = args.model or str(ensure_tiny_model())
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = load_tokenizer(model)
     rng = np.random.default_rng(args.seed)
     n_extra = int(round(args.n * args.extra))
     lens_all = lengths(rng, args.n + n_extra, args.median, args.sigma, args.min_len, args.max_len)

@@ -43,11 +43,10 @@ WORDS = ("the agent calls a tool to read the file then edits the function and ru
 
 
 def tokenizer():
-    from tokenizers import Tokenizer
-
+    from agentrl.chat import load_tokenizer
     from agentrl.models import ensure_tiny_model
 
-    return Tokenizer.from_file(str(ensure_tiny_model() / "tokenizer.json"))
+    return load_tokenizer(ensure_tiny_model() / "tokenizer.json").backend_tokenizer
 
 
 def text(rng: random.Random, words: int) -> str:

@@ -41,7 +41,11 @@ class ChatFamily:
     ``tool_needs_call``: the template refuses a tool message that answers no call (it is then sent as a user message).
     ``turn_ends``: tokens other than the closing that end an assistant turn by themselves (gpt-oss ``<|call|>``,
     Llama's ``<|eom_id|>``): no closing is added after them.
-    ``markers``: substrings of the chat template that identify the family (all must occur).
+    ``call_pattern``: a regular expression whose matches in the model's output (reasoning excluded) are the tool
+    calls it started; calls started but not read are parse errors (a broken call is counted, never dropped
+    silently). ``markers``: substrings of the chat template that identify the family (all must occur);
+    ``refuse_tools``: the template has no tool-call format of its own, so a session with tools needs an explicit
+    ``ChatConfig.tool_parser`` (the renderer refuses to guess one).
     """
 
     name: str
@@ -58,31 +62,52 @@ class ChatFamily:
     strip_content_before_tools: bool = True
     tool_needs_call: bool = False
     turn_ends: tuple[str, ...] = ()
+    call_pattern: str | None = None
     markers: tuple[str, ...] = ()
+    refuse_tools: bool = False
 
+
+_HERMES_CALL = r"<tool_call>"
+_DEEPSEEK_CALL = r"<｜tool▁call▁begin｜>"
 
 FAMILIES: dict[str, ChatFamily] = {f.name: f for f in (
     ChatFamily("agentrl", tool_parser="agentrl", markers=("AGENTRL",)),  # the tiny model (matched by identity)
     ChatFamily("qwen3", tool_parser="hermes", reasoning_parser="qwen3", thinking_kwarg="enable_thinking",
-               reasoning_field="reasoning_content", markers=("<|im_start|>", "last_query_index", "reasoning_content")),
-    ChatFamily("qwq", tool_parser="hermes", reasoning_parser="deepseek_r1",
+               reasoning_field="reasoning_content", call_pattern=_HERMES_CALL,
+               markers=("<|im_start|>", "last_query_index", "reasoning_content")),
+    ChatFamily("qwq", tool_parser="hermes", reasoning_parser="deepseek_r1", call_pattern=_HERMES_CALL,
                markers=("<|im_start|>", "<|im_start|>assistant\\n<think>\\n")),
-    ChatFamily("qwen2.5", tool_parser="hermes", markers=("<|im_start|>", "<tool_call>")),
+    ChatFamily("qwen2.5", tool_parser="hermes", call_pattern=_HERMES_CALL, markers=("<|im_start|>", "<tool_call>")),
+    # Llama-3's JSON call is the whole turn (optionally after <|python_tag|>), as vLLM's llama3_json reads it.
     ChatFamily("llama3", tool_parser="llama3_json", tool_start="{", strip_content_before_tools=False,
-               turn_ends=("<|eom_id|>",),
+               turn_ends=("<|eom_id|>",), call_pattern=r'\A\s*(?:<\|python_tag\|>)?\s*\{\s*"name"\s*:',
                markers=("<|start_header_id|>", "<|eot_id|>")),
     ChatFamily("mistral", tool_parser="mistral", call_ids="random9", tool_start="[TOOL_CALLS]", tool_needs_call=True,
-               markers=("[INST]", "[TOOL_CALLS]")),
-    ChatFamily("deepseek_v3", tool_parser="deepseek_v31", reasoning_parser="deepseek_v3", thinking_kwarg="thinking",
+               call_pattern=r"\[TOOL_CALLS\]", markers=("[INST]", "[TOOL_CALLS]")),
+    # DeepSeek-V3.1 writes NAME<｜tool▁sep｜>ARGS; V3 (and V3-0324) writes function<｜tool▁sep｜>NAME + a ```json block.
+    # V3.1's template is told apart by its thinking switch and its name-first call.
+    ChatFamily("deepseek_v31", tool_parser="deepseek_v31", reasoning_parser="deepseek_v3", thinking_kwarg="thinking",
                arguments="str", tool_start="<｜tool▁calls▁begin｜>", strip_content_before_tools=False,
-               markers=("<｜Assistant｜>", "<｜tool▁calls▁begin｜>")),
+               call_pattern=_DEEPSEEK_CALL,
+               markers=("<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "thinking",
+                        "tool['function']['name'] + '<｜tool▁sep｜>'")),
+    ChatFamily("deepseek_v3", tool_parser="deepseek_v3", arguments="str", tool_start="<｜tool▁calls▁begin｜>",
+               strip_content_before_tools=False, call_pattern=_DEEPSEEK_CALL,
+               markers=("<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "'<｜tool▁sep｜>' + tool['function']['name']")),
     ChatFamily("glm45", tool_parser="glm45", reasoning_parser="glm45", thinking_kwarg="enable_thinking",
                reasoning_field="reasoning_content", stop_role_tokens=("<|user|>", "<|observation|>"),
-               markers=("[gMASK]", "<|observation|>", "<arg_key>")),
+               call_pattern=_HERMES_CALL, markers=("[gMASK]", "<|observation|>", "<arg_key>")),
     ChatFamily("gpt-oss", tool_parser="harmony", effort_kwarg="reasoning_effort", reasoning_field="thinking",
                closing_aliases={"<|return|>": "<|end|>"}, tool_start="<|start|>assistant to=", tool_needs_call=True,
                turn_ends=("<|call|>",),
                markers=("<|channel|>", "<|message|>", "reasoning_effort")),
+    # Gemma-3: vLLM's pythonic tool template (examples/tool_chat_template_gemma3_pythonic.jinja) asks for a python
+    # list of calls and renders tool results as user turns; Google's own template has no tool format at all.
+    ChatFamily("gemma3_pythonic", tool_parser="pythonic", tool_start="[", strip_content_before_tools=False,
+               call_pattern=r"\A\s*\[\s*[A-Za-z_][\w.]*\(",
+               markers=("<start_of_turn>", "first_user_prefix", "python list of the function calls")),
+    ChatFamily("gemma3", tool_parser="agentrl", refuse_tools=True,
+               markers=("<start_of_turn>", "<end_of_turn>", "first_user_prefix")),
 )}
 
 
@@ -106,7 +131,8 @@ class ChatConfig:
     """How episodes are rendered for one model (``rollout.chat`` in configs).
 
     ``family``: a name from :data:`FAMILIES` or ``"auto"`` (detected from the chat template; unknown templates get
-    the ``agentrl`` tool format and ``strict`` mode). ``template_mode``: see the module docstring. ``thinking``:
+    the ``agentrl`` tool format and ``strict`` mode; Google's Gemma-3 template, which has no tool format, is
+    detected as ``gemma3`` and refuses sessions with tools until ``tool_parser`` names one). ``template_mode``: see the module docstring. ``thinking``:
     switches the family's thinking kwarg (``enable_thinking`` for Qwen3/GLM, ``thinking`` for DeepSeek-V3.1; None:
     the template's default). ``reasoning_effort``: gpt-oss's ``low``/``medium``/``high``. ``tool_parser``: override
     the family's (``agentrl``, ``harmony`` or a vLLM tool parser name). ``template_kwargs``: passed to
@@ -135,8 +161,9 @@ class ChatConfig:
         fam = FAMILIES[self.family] if self.family != "auto" else detect_family(chat_template)
         known = fam is not None
         fam = fam or FAMILIES["agentrl"]
-        if self.tool_parser:
-            fam = ChatFamily(**{**fam.__dict__, "tool_parser": self.tool_parser})
+        if self.tool_parser:  # the user's choice of format: nothing left to refuse
+            fam = ChatFamily(**{**fam.__dict__, "tool_parser": self.tool_parser, "refuse_tools": False,
+                                "call_pattern": fam.call_pattern if self.tool_parser == fam.tool_parser else None})
         kwargs = dict(self.template_kwargs)
         if self.thinking is not None:
             if not fam.thinking_kwarg:

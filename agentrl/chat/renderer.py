@@ -125,7 +125,13 @@ class ChatRenderer:
 
     # -- text and tokens --------------------------------------------------------------------------------------------
     def render(self, messages: list[dict], *, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
-        """Returns the template's text for ``messages``."""
+        """Returns the template's text for ``messages``. Raises :class:`TemplateError` for tools on a template that
+        has no tool-call format (the family's ``refuse_tools``) unless ``ChatConfig.tool_parser`` names one."""
+        if tools and self.family.refuse_tools:
+            raise TemplateError(
+                f"the {self.family.name} chat template has no tool-call format (it ignores tools); set "
+                f"rollout.chat.tool_parser (e.g. pythonic, with vLLM's tool_chat_template_gemma3_pythonic.jinja as the "
+                f"chat template) or run the env without tools")
         text = self.tokenizer.apply_chat_template(
             messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False, **self.kwargs)
         if not isinstance(text, str):
@@ -208,10 +214,19 @@ class ChatRenderer:
             try:
                 p = self.render(user, add_generation_prompt=True)
                 q = self.render(user + [{"role": "assistant", "content": _MARKER}], add_generation_prompt=False)
-                self._gen_prefix = p[_common_prefix(p, q[: max(q.find(_MARKER), 0)]):]
+                self._gen_prefix = p[self._token_start(p, _common_prefix(p, q[: max(q.find(_MARKER), 0)])):]
             except Exception:
                 self._gen_prefix = ""
         return self._gen_prefix if self._gen_prefix and prompt_text.endswith(self._gen_prefix) else ""
+
+    def _token_start(self, text: str, at: int) -> int:
+        """Returns ``at``, or the start of the added token of ``text`` that ``at`` falls inside (DeepSeek-V3.1's
+        thinking prompt ends ``<think>`` where its history has ``</think>``: the texts part after the ``<``)."""
+        for t in self.added_tokens:
+            s = text.find(t, max(0, at - len(t) + 1))
+            if 0 <= s < at < s + len(t):
+                return s
+        return at
 
     @property
     def parser(self) -> TurnParser:

@@ -129,7 +129,7 @@ class VLLMTurnParser:
     vLLM's chat-completions server runs them (``ParserManager`` composes the pair)."""
 
     def __init__(self, tokenizer: Any, tool_parser: str, reasoning_parser: str | None = None,
-                 template_kwargs: dict[str, Any] | None = None, tool_start: str | None = None):
+                 template_kwargs: dict[str, Any] | None = None, call_pattern: str | None = None):
         from vllm.parser.parser_manager import ParserManager
 
         self.tokenizer = tokenizer
@@ -142,7 +142,9 @@ class VLLMTurnParser:
             raise ValueError(f"chat.tool_parser {tool_parser!r} (reasoning parser {reasoning_parser!r}) is not one of "
                              f"vLLM's parsers ({e}); use agentrl, harmony or a name vLLM registers") from e
         self.names = (tool_parser, reasoning_parser)
-        self.tool_start = tool_start  # a call was started: reading none is a parse error, not plain content
+        # Calls the model started (matches of the family's pattern) that the parser did not read are parse errors:
+        # vLLM's parsers drop a broken call silently (or return it as content).
+        self.call_pattern = re.compile(call_pattern) if call_pattern else None
         self._parser: Any = None
 
     def _request(self, tools: list[dict] | None) -> Any:
@@ -176,8 +178,13 @@ class VLLMTurnParser:
             args = _decode_args(fc.name, fc.arguments, i, out.errors)
             if args is not None:
                 out.calls.append(ParsedCall(fc.name, args, raw_arguments=fc.arguments, id=fc.id))
-        if not calls and self.tool_start and len(self.tool_start) > 1 and self.tool_start in (content or ""):
-            out.errors.append(f"a tool call was started ({self.tool_start!r}) but {self.names[0]} read none")
+        if self.call_pattern is not None:
+            output = text.replace(reasoning, "", 1) if reasoning else text
+            started = len(self.call_pattern.findall(output))
+            missing = started - len(out.calls) - len(out.errors)
+            if missing > 0:
+                out.errors += [f"{self.names[0]}: {started} tool call(s) started ({self.call_pattern.pattern!r}), "
+                               f"{len(calls or ())} read"] * missing
         return out
 
 
@@ -187,7 +194,7 @@ def make_parser(family: ChatFamily, tokenizer: Any, template_kwargs: dict[str, A
         return AgentrlTurnParser()
     if family.tool_parser == "harmony":
         return HarmonyTurnParser()
-    return VLLMTurnParser(tokenizer, family.tool_parser, family.reasoning_parser, template_kwargs, family.tool_start)
+    return VLLMTurnParser(tokenizer, family.tool_parser, family.reasoning_parser, template_kwargs, family.call_pattern)
 
 
 def assistant_message(family: ChatFamily, turn: ParsedTurn, raw_text: str) -> dict[str, Any]:

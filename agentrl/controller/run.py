@@ -288,12 +288,20 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
+def run_tokenizer(engine: EngineConfig) -> Any:
+    """Returns the tokenizer ``train`` renders episodes with: the engine's (``engine.tokenizer``, else the model
+    directory), through :func:`agentrl.chat.load_tokenizer` so that its ids are the ones ``tokenizer.json`` defines
+    whatever class ``tokenizer_config.json`` declares."""
+    from agentrl.chat import load_tokenizer
+
+    return load_tokenizer(engine.tokenizer or engine.resolved_model())
+
+
 async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -> dict[str, Any]:
     """Runs (or resumes) the training described by ``cfg``; returns the summary written to ``summary.json``.
     ``policy``: a factory ``(engine, tokenizer, cfg.rollout) -> Policy`` replacing the agent loop (e.g.
     :func:`agentrl.gateway.harness_policy`); its ``metrics()`` join each step's row, its ``aclose()`` runs at the end."""
     import ray
-    from transformers import AutoTokenizer
 
     from agentrl.inference.factory import make_engine
     from agentrl.agent.loop import AgentLoopPolicy
@@ -316,7 +324,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
     check_resources(cfg)  # before any model loads
 
     model_dir = Path(EngineConfig(model=cfg.engine.model).resolved_model())
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = run_tokenizer(cfg.engine)
     start_model = model_dir
     t_warm = time.perf_counter()
     if cfg.warm_start.episodes:

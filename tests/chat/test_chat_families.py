@@ -1,5 +1,5 @@
 """Real model families through the agent loop: the published chat templates (tests/fixtures/chat_templates), real
-vocabularies where a package ships them (Qwen, Mistral Nemo) and stand-ins otherwise (see chat_tokenizers.py),
+vocabularies where a package ships them (Qwen, Mistral Nemo, DeepSeek-V3/V3.1) and stand-ins otherwise (see chat_tokenizers.py),
 driven through ``AgentLoopPolicy`` by a scripted engine that emits each family's own output format.
 
 Every episode must: not crash; train exactly the tokens sampled (every request's prompt is its segment's tokens so
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # the tests run with --import-mode=importlib
-from chat_tokenizers import (DEEPSEEK_ADDED, GLM45_ADDED, HARMONY_ADDED, LLAMA3_ADDED, nemo_tokenizer,
-                             qwen_tokenizer, standin_tokenizer, template)  # noqa: E402
+from chat_tokenizers import (GEMMA3_ADDED, GLM45_ADDED, HARMONY_ADDED, LLAMA3_ADDED, deepseek_tokenizer,
+                             nemo_tokenizer, qwen_tokenizer, standin_tokenizer, template)  # noqa: E402
 
 from agentrl.chat import ChatConfig, ChatRenderer, load_tokenizer
 from agentrl.inference.base import Generation, InferenceEngine
@@ -86,6 +86,12 @@ OUT = {
          "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>calculator<｜tool▁sep｜>{\"expression\": \"3*4\"}<｜tool▁call▁end｜>"
          "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>", "3*4 is 12.<｜end▁of▁sentence｜>"],
         ["5<｜end▁of▁sentence｜>", "8<｜end▁of▁sentence｜>", "7<｜end▁of▁sentence｜>"]),
+    "deepseek-v3": lambda: (
+        ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n{\"expression\": \"2+3\"}"
+         "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>", "2+3 is 5.<｜end▁of▁sentence｜>",
+         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n{\"expression\": \"3*4\"}"
+         "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>", "3*4 is 12.<｜end▁of▁sentence｜>"],
+        ["5<｜end▁of▁sentence｜>", "8<｜end▁of▁sentence｜>", "7<｜end▁of▁sentence｜>"]),
     "deepseek-v3.1-think": lambda: (
         None,
         ["Middle.</think>5<｜end▁of▁sentence｜>", "Higher.</think>8<｜end▁of▁sentence｜>",
@@ -109,6 +115,11 @@ OUT = {
         ["<|channel|>analysis<|message|>Middle.<|end|><|start|>assistant<|channel|>final<|message|>5<|return|>",
          "<|channel|>analysis<|message|>Higher.<|end|><|start|>assistant<|channel|>final<|message|>8<|return|>",
          "<|channel|>analysis<|message|>Between.<|end|><|start|>assistant<|channel|>final<|message|>7<|return|>"]),
+    "gemma3": lambda: (None, ["5<end_of_turn>", "8<end_of_turn>", "7<end_of_turn>"]),
+    "gemma3-pythonic": lambda: (
+        ['[calculator(expression="2+3")]<end_of_turn>', "2+3 is 5.<end_of_turn>",
+         '[calculator(expression="3*4")]<end_of_turn>', "3*4 is 12.<end_of_turn>"],
+        ["5<end_of_turn>", "8<end_of_turn>", "7<end_of_turn>"]),
 }
 
 # family case -> (tokenizer factory, ChatConfig kwargs, vocabulary)
@@ -120,15 +131,16 @@ CASES = {
     "llama3": (lambda: standin_tokenizer(template("llama-3.3-instruct.jinja"), LLAMA3_ADDED, eos="<|eot_id|>",
                                          bos="<|begin_of_text|>"), {}, "stand-in"),
     "mistral": (nemo_tokenizer, {}, "real"),
-    "deepseek-v3.1": (lambda: standin_tokenizer(template("deepseek-v3.1.jinja"), DEEPSEEK_ADDED,
-                                                eos="<｜end▁of▁sentence｜>", bos="<｜begin▁of▁sentence｜>"),
-                      {"thinking": False}, "stand-in"),
-    "deepseek-v3.1-think": (lambda: standin_tokenizer(template("deepseek-v3.1.jinja"), DEEPSEEK_ADDED,
-                                                      eos="<｜end▁of▁sentence｜>", bos="<｜begin▁of▁sentence｜>"),
-                            {"thinking": True}, "stand-in"),
+    "deepseek-v3": (lambda: deepseek_tokenizer(template("deepseek-v3.jinja")), {}, "real"),
+    "deepseek-v3.1": (lambda: deepseek_tokenizer(template("deepseek-v3.1.jinja")), {"thinking": False}, "real"),
+    "deepseek-v3.1-think": (lambda: deepseek_tokenizer(template("deepseek-v3.1.jinja")), {"thinking": True}, "real"),
     "glm-4.5": (lambda: standin_tokenizer(template("glm-4.5.jinja"), GLM45_ADDED, eos="<|endoftext|>"), {}, "stand-in"),
     "gpt-oss": (lambda: standin_tokenizer(template("gpt-oss.jinja"), HARMONY_ADDED, eos="<|return|>"),
                 {"reasoning_effort": "low"}, "stand-in"),
+    "gemma3": (lambda: standin_tokenizer(template("gemma-3-it.jinja"), GEMMA3_ADDED, eos="<end_of_turn>", bos="<bos>"),
+               {}, "stand-in"),
+    "gemma3-pythonic": (lambda: standin_tokenizer(template("gemma-3-pythonic-vllm.jinja"), GEMMA3_ADDED,
+                                                  eos="<end_of_turn>", bos="<bos>"), {}, "stand-in"),
 }
 _TOKS: dict[str, object] = {}
 
@@ -189,11 +201,12 @@ def check_tokens_trained_equal_sampled(s, engine) -> Trajectory:
     gen_all = []
     for prompt, out in engine.calls:
         # Every request's prompt is the start of one segment, and the segment continues with exactly its output.
+        # (A later segment may hold the same tokens as context, when the template re-renders them unchanged.)
         hit = [i for i, seg in enumerate(segs) if seg[: len(prompt)] == prompt
-               and seg[len(prompt): len(prompt) + len(out)] == out]
-        assert hit, "a request's prompt + output is not in any segment"
+               and seg[len(prompt): len(prompt) + len(out)] == out
+               and masks[i][len(prompt): len(prompt) + len(out)] == [1] * len(out)]
+        assert hit, "a request's prompt + output (trained) is not in any segment"
         i = hit[-1]
-        assert masks[i][len(prompt): len(prompt) + len(out)] == [1] * len(out)
         assert all(m == 0 for m in masks[i][: len(prompt)][-1:])  # the token before the output is not generated
         gen_all += out
     assert [x for x, m in zip(t.token_ids, t.loss_mask) if m] == gen_all  # trained == sampled, in order
@@ -215,6 +228,8 @@ def round_trip(s, msg: dict) -> list[tuple[str, dict]]:
     while n < min(len(prompt), len(full)) and prompt[n] == full[n]:
         n += 1
     turn_text = full[n:]
+    if r.closing_text and turn_text.endswith(r.closing_text):  # the model stops on the closing: not its text
+        turn_text = turn_text[: -len(r.closing_text)]
     gen_prefix = prompt[n:]
     turn, _ = r.read_turn(gen_prefix + turn_text, encode(r.tokenizer, turn_text), TOOLS, seed="rt")
     return [(c.name, c.arguments) for c in turn.calls]
