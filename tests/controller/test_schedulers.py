@@ -17,6 +17,7 @@ import agentrl
 from agentrl.config import ConfigError
 from agentrl.manager import ManagerConfig
 from agentrl.testing.manager_envs import EchoPolicy
+from agentrl.controller.weights import WeightSync
 from agentrl.controller.run import EnvConfig, EvalConfig, RunFiles, TaskLedger, TrainConfig, _loop, load_config
 from agentrl.policy import Action, PolicySession, TokenRecord
 from agentrl.manager.episode import GiveUpGroup
@@ -234,7 +235,8 @@ async def _run(cfg, trainer, tokens_per_turn=2):
     policy = EchoPolicy(tokens_per_turn=tokens_per_turn)
     files = RunFiles(cfg.run_dir)
     tasks = TaskLedger(cfg.env)
-    summary = await _loop(cfg, files, trainer, FakeEngine(policy), policy, tasks, 0, {}, None, None)
+    engine = FakeEngine(policy)
+    summary = await _loop(cfg, files, trainer, engine, WeightSync(trainer, engine), policy, tasks, 0, {}, None, None)
     return [json.loads(x) for x in files.metrics.read_text().splitlines()], tasks, summary
 
 
