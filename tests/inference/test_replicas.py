@@ -196,7 +196,7 @@ async def test_trainer_broadcast_through_vllm_weight_transfer(eng, tok, original
 
 
 async def test_trajectory_moving_to_another_replica_keeps_exact_versions(eng, tok, original):
-    """A replica dies while a trajectory's turn runs on it: the turn is retried on the other replica (nothing of
+    """A replica dies while a trajectory's turn is on it: the turn is retried on the other replica (nothing of
     the lost request was returned) and every token keeps the version of the replica that made it. Updates go on
     with the survivor. (Kills a replica: the last test of this module.)"""
     import ray
@@ -209,9 +209,15 @@ async def test_trajectory_moving_to_another_replica_keeps_exact_versions(eng, to
     await eng.update_weights(_perturbed(original, seed=14), v0 + 1)
     pid = ray.get(eng.replicas[home].node_info.remote())["pid"]
     children = _children(pid)
+    # The home replica is frozen (keep mode) before the turn reaches it, so the turn cannot finish there before the
+    # kill lands, however fast the machine.
+    await eng.replicas[home].pause.remote("keep")
     turn2_task = asyncio.create_task(eng.generate(p + turn1.token_ids, SamplingParams(max_tokens=300, ignore_eos=True),
                                                   request_id="mv-2", session_id="mv"))
-    await asyncio.sleep(1.0)
+    while eng._where.get("mv-2") != home and not turn2_task.done():  # routed (the router picks before its first await)
+        await asyncio.sleep(0)
+    await eng.replicas[home].node_info.remote()  # an actor runs one caller's calls in order: generate has started
+    assert not turn2_task.done()
     ray.kill(eng.replicas[home], no_restart=True)
     try:
         turn2 = await asyncio.wait_for(turn2_task, 180)
