@@ -130,7 +130,7 @@ def test_task_ledger_accounts_for_every_task():
     from agentrl.trajectory import Group
 
     assert led.trained([Group("task3", []), Group("task5", [])]) == [3, 5]
-    assert led.state() == {"next_task": 7, "open_tasks": [1, 6]}
+    assert led.state() == {"next_task": 7, "open_tasks": [1, 6], "dropped_tasks": []}
     led2 = TaskLedger(env, next_task=7, replay=[1, 6])
     assert led2.state()["open_tasks"] == [1, 6]  # not yet replayed: still open
 
