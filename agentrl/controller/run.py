@@ -45,7 +45,6 @@ Trained trajectories and the trainer's log-prob records go to ``trajectories.jso
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import json
 import logging
@@ -66,7 +65,6 @@ from agentrl.controller.config import (DEMO_SEED_START, EVAL_SEED_START, EnvConf
                                   WarmStartConfig, load_config)
 from agentrl.controller.heldout import HeldOut
 from agentrl.controller.ledger import TaskLedger  # noqa: F401  (re-exported)
-from agentrl.trajectory import Group
 
 log = logging.getLogger("agentrl.train")
 

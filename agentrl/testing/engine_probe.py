@@ -63,3 +63,31 @@ class TokenProbe:
         """Returns once the tokens came out; raises TimeoutError after ``timeout`` seconds."""
         assert self._event is not None, "use TokenProbe as a context manager"
         await asyncio.wait_for(self._event.wait(), timeout)
+
+
+# ---- engine replicas (Ray actors): run inside the actor with ``actor.__ray_call__.remote(fn, ...)`` -------------
+def count_replica_tokens(replica: Any) -> None:
+    """Makes an :class:`~agentrl.inference.replicas.EngineReplica` count every request's tokens as they come out
+    of its engine (read them with :func:`replica_tokens`). Idempotent."""
+    llm = replica.engine._llm
+    if "generate" in vars(llm):
+        return
+    seen: dict[str, int] = replica.__dict__.setdefault("probe_tokens", {})
+    orig = llm.generate
+
+    def generate(prompt: Any, params: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+        stream = orig(prompt, params, request_id, *args, **kwargs)
+
+        async def watched() -> Any:
+            async for out in stream:
+                seen[request_id] = seen.get(request_id, 0) + len(out.outputs[0].token_ids)
+                yield out
+
+        return watched()
+
+    llm.generate = generate
+
+
+def replica_tokens(replica: Any, request_id: str) -> int:
+    """The tokens ``request_id`` has produced on this replica so far (:func:`count_replica_tokens` first)."""
+    return replica.__dict__.get("probe_tokens", {}).get(request_id, 0)

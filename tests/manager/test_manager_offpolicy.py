@@ -70,7 +70,9 @@ async def test_stale_replacements_are_charged_to_the_group_budget():
     specs = [EpisodeSpec(SLEEP, {"turns": 50, "step_latency": 0.01}, seed=i, group_id=f"task{i}") for i in range(2)]
     async with EnvManager(cfg, pol) as m:
         m.start(specs)
-        for _ in range(40):  # every episode goes stale before it can finish
+        end = asyncio.get_running_loop().time() + 60
+        while m.metrics()["failed_groups"] < 2:  # every episode goes stale before it can finish (50 turns)
+            assert asyncio.get_running_loop().time() < end, m.metrics()
             await asyncio.sleep(0.03)
             pol.current_version += 1
             m.set_version(pol.current_version)
