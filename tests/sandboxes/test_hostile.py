@@ -27,7 +27,7 @@ import pytest
 from agentrl.sandboxes import FileTooLarge, SandboxError, SandboxPool, SandboxSpec, create_sandbox, sweep
 from agentrl.sandboxes.base import state_root
 
-from .conftest import BASE, BUSYBOX, LIST_PROCS, leftovers, require_backend, unavailable, until_gone
+from .conftest import BASE, BUSYBOX, LIST_PROCS, leftovers, require_backend, unavailable, until_gone, until_running
 
 DRIVER = Path(__file__).with_name("sandbox_driver.py")
 
@@ -183,9 +183,10 @@ async def test_bwrap_secrets_stay_off_command_lines_and_host_env_stays_out():
     token = f"s3cret-{secrets.token_hex(8)}"
     spec = SandboxSpec(backend="bwrap", image=BUSYBOX, ttl_s=60, env={"API_TOKEN": token})
     async with create_sandbox(spec) as sb:
-        task = asyncio.create_task(sb.exec("sleep 3; echo $API_TOKEN $EXEC_TOKEN", timeout=20,
-                                           env={"EXEC_TOKEN": token + "-exec"}))
-        await asyncio.sleep(1.0)
+        # held until the test has looked at every command line (the file "go" in the work dir releases it)
+        task = asyncio.create_task(sb.exec("until [ -e go ]; do sleep 0.05; done; echo $API_TOKEN $EXEC_TOKEN",
+                                           timeout=120, env={"EXEC_TOKEN": token + "-exec"}))
+        await until_running(sb, "until [ -e go ]")
         seen = []
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
@@ -194,6 +195,7 @@ async def test_bwrap_secrets_stay_off_command_lines_and_host_env_stays_out():
                         seen.append(d.name)
                 except OSError:
                     pass
+        assert (await sb.exec("touch go", timeout=20)).ok
         res = await task
         assert res.output.split() == [token, token + "-exec"]  # the env still arrives
         assert not seen, f"the secret is on the command line of host processes {seen}"
