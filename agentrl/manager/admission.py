@@ -23,7 +23,9 @@ Rules
    that keep every later deadline meetable (for each ``d``, the groups due by ``d`` must fit into this batch and the
    ``d − v`` after it), finished ones first, waiting for a running one only when no finished one will do; then it
    fills up with other finished groups in completion order (:meth:`Admission.select_batch`). Taking the fast groups
-   first without that check would let old slow groups pile up beyond what one batch can take.
+   first without that check would let old slow groups pile up beyond what one batch can take. A streamed step
+   takes its batch one group at a time under the same plan (capacity ``n`` per step, ``n`` minus the groups
+   already taken for the rest of this one), so it waits for exactly the groups the whole batch would wait for.
 3. **Staleness** (the safety net): a finished trajectory, held winner or running episode whose oldest token version is
    below ``v − α`` is stale: it is cancelled or dropped, counted (``dropped_stale``), replaced within its group, and
    charged to the group's failure budget (``max_failures_per_group``), so a task whose episodes keep going stale is
