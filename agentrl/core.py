@@ -149,6 +149,13 @@ class Env(gymnasium.Env[Observation, str]):
       after the agent's turn. An invalid action is part of the game: it gets an observation that says what was
       wrong and the reward documented by the env, never an exception.
     - ``aclose()`` releases everything the env holds (sandboxes, sockets); it is safe to call twice.
+    - ``task_key(seed) -> str | None``: the content identity of the task ``reset(seed=seed)`` draws (a board, a
+      secret, a question and its hidden table, a dataset item's id), so that two seeds drawing the same task give
+      the same key. The training controller holds evaluation tasks out by this key: no training or warm-start
+      episode plays a task an evaluation episode plays (:mod:`agentrl.controller.heldout`). It may reset this
+      instance (it is called on a scratch instance) but must not start anything costly (no sandbox). The default,
+      None, says that distinct seeds draw distinct tasks; an env whose seeds can collide (few distinct tasks, or a
+      seed taken modulo a dataset's size) must override it.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
@@ -161,6 +168,11 @@ class Env(gymnasium.Env[Observation, str]):
         # Fresh instances per env: gymnasium seeds spaces in place.
         self.observation_space = MessagesSpace()
         self.action_space = TextSpace()
+
+    def task_key(self, seed: int) -> str | None:
+        """The content identity of the task ``reset(seed=seed)`` draws (see the class docstring); None: seeds
+        identify tasks."""
+        return None
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         """Async ``reset``; by default runs ``reset`` in the env thread pool."""

@@ -62,6 +62,11 @@ class ArithmeticEnv(Env):
         obs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
         return obs, {"question": question, "difficulty": self.difficulty}
 
+    def task_key(self, seed: int) -> str:
+        """The expression ``reset(seed=seed)`` draws (small difficulties have few distinct ones)."""
+        self.reset(seed=seed)
+        return self.expression
+
     def step(self, action: str) -> StepResult:
         """Scores the answer; returns ``([user message], reward, True, False, info)``."""
         if self.done:

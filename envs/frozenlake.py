@@ -106,6 +106,12 @@ class FrozenLakeEnv(Env):
         ]
         return obs, self._info(won=False, invalid=False)
 
+    def task_key(self, seed: int) -> str:
+        """The board ``reset(seed=seed)`` draws (start, goal and holes): a small grid has few distinct boards, so
+        seeds collide."""
+        self.reset(seed=seed)
+        return f"{self.size}:{self.board()}"
+
     def step(self, action: str) -> StepResult:
         """Applies one move; returns ``([user message], reward, terminated, False, info)``."""
         if self.done:

@@ -65,6 +65,11 @@ class GuessNumberEnv(Env):
         obs = [{"role": "system", "content": self.system_prompt()}, {"role": "user", "content": "Guess the number."}]
         return obs, self._info(won=False, invalid=False)
 
+    def task_key(self, seed: int) -> str:
+        """The secret ``reset(seed=seed)`` draws (only ``high - low + 1`` distinct tasks: seeds collide)."""
+        self.reset(seed=seed)
+        return f"{self.low}..{self.high}:{self.secret}"
+
     def step(self, action: str) -> StepResult:
         """Scores one guess; returns ``([user message], reward, terminated, False, info)``."""
         if self.done:

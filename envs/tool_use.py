@@ -140,6 +140,11 @@ class ToolUseEnv(Env):
         obs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": self.question}]
         return obs, {"tools": self.tool_schemas(), "question": self.question, "task": task}
 
+    def task_key(self, seed: int) -> str:
+        """The question and the hidden table ``reset(seed=seed)`` draws."""
+        self.reset(seed=seed)
+        return f"{self.question}|{sorted(self.table.items())}"
+
     def step(self, action: str) -> StepResult:
         """Runs the tool calls of ``action`` or scores its final answer; returns ``(messages, reward,
         terminated, False, info)``."""

@@ -8,6 +8,9 @@ those parts and owns nothing else. Its rooms:
   reaches the trainer (whole, or streamed group by group);
 - :mod:`~agentrl.controller.tail`: tail batching's short and long rounds;
 - :mod:`~agentrl.controller.warmstart`: the warm start on scripted demonstrations;
+- :mod:`~agentrl.controller.heldout`: which seeds evaluation, training and demonstrations play (evaluation tasks
+  held out by content);
+- :mod:`~agentrl.controller.ledger`: the training tasks opened, trained, dropped and replayed after a resume;
 - :mod:`~agentrl.controller.runlog`: what a run writes for ``agentrl view``.
 """
 

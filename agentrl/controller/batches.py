@@ -5,7 +5,9 @@ the end of the run, calling ``on_group(g)`` for each as it is taken):
 
 - :class:`ContinuousBatches`, the plain controller: the manager's continuous run (``EnvManager.start``) under the
   admission rule of ``async_ratio`` (:mod:`agentrl.manager.admission`). With a streamed trainer the groups are
-  taken one at a time (``next_batch(1)``, earliest deadline first), so the trainer sees each as soon as it finishes.
+  taken one at a time (``next_batch(1, batch=n, taken=k)``, earliest deadline first), so the trainer sees each as
+  soon as it finishes; deadlines are still planned with the step's capacity of ``n`` groups, so a streamed step
+  waits for exactly the stragglers the whole-batch step would wait for.
 - :class:`agentrl.controller.tail.TailRounds`: tail batching's short and long rounds (``async_ratio: 0`` only).
 
 Trainer feeds: plain ``train_step(groups)`` once the batch is complete, or :class:`StreamedStep` (``streaming:
@@ -43,7 +45,7 @@ class ContinuousBatches:
             return await self.mgr.next_batch(n) or []
         out: list[Group] = []
         while len(out) < n:
-            got = await self.mgr.next_batch(1)
+            got = await self.mgr.next_batch(1, batch=n, taken=len(out))
             if not got:
                 break
             out += got

@@ -12,18 +12,18 @@ from typing import Any
 from agentrl.inference.config import EngineConfig
 from agentrl.manager import EpisodeConfig, ManagerConfig
 from agentrl.agent.loop import RolloutConfig
+from agentrl.controller.heldout import DEMO_SEED_START, EVAL_SEED_START  # noqa: F401  (re-exported)
 from agentrl.controller.runlog import TrajectoryLogConfig
 from agentrl.controller.tail import TailBatchingConfig
 from agentrl.trainer.config import TrainerConfig
 
-EVAL_SEED_START = 1_000_000  # held-out seeds: never used for training or demonstrations
-DEMO_SEED_START = 2_000_000
-
 
 @dataclass
 class EnvConfig:
-    """The training env: a registered ``id`` with constructor ``kwargs``. Training task ``i`` uses seed
-    ``seed_start + i`` (one seed per group)."""
+    """The training env: a registered ``id`` with constructor ``kwargs``. Training task ``i`` uses the ``i``-th seed
+    from ``seed_start`` whose task is not held out for evaluation (one seed per group; seeds ``seed_start + i`` when
+    the env's tasks cannot collide: :mod:`agentrl.controller.heldout`). Every training seed stays below
+    ``EVAL_SEED_START``."""
 
     id: str
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -64,7 +64,9 @@ class WarmStartConfig:
 
 @dataclass
 class EvalConfig:
-    """Reward on ``episodes`` held-out seeds, before RL, every ``every`` steps (0: never in between) and at the end.
+    """Reward on ``episodes`` held-out tasks, before RL, every ``every`` steps (0: never in between) and at the end.
+    The tasks are distinct and held out by content: no training or warm-start episode plays one
+    (:mod:`agentrl.controller.heldout`; an env with fewer distinct tasks gets fewer, ``tasks`` in the results).
     ``temperature`` None samples as in training."""
 
     episodes: int = 64
@@ -85,8 +87,10 @@ class TrainConfig:
     Each value has one owner; what follows from it is computed where it is used. The admission rule's α is
     ``async_ratio`` and its batch ``num_groups * group_size`` (:meth:`manager_config`); the trainer scores tokens at
     ``rollout.temperature`` (:meth:`trainer_config`: ``trainer.temperature`` left at its default 1.0 follows it, any
-    other value must equal it); ``rollout.top_p`` must be 1 and
-    ``rollout.top_k`` off (the trainer's log-probs are of the full distribution), and ``rollout.temperature`` > 0.
+    other value must equal it); ``rollout.top_p`` must be 1 and ``rollout.top_k`` off (the trainer's log-probs are
+    of the full distribution), ``rollout.temperature`` > 0, and ``engine.logprobs_mode`` ``processed_logprobs``
+    unless the temperature is 1 (remote vLLM servers must be started with ``--logprobs-mode processed_logprobs``
+    too: their mode is theirs, not this config's).
 
     Schedulers (:mod:`agentrl.controller.batches`): ``tail_batching`` (RollPacker's short and long rounds, :mod:`agentrl.controller.tail`;
     needs ``async_ratio: 0``, no ``manager.extra_groups``/``extra_per_group``) and ``streaming`` (the trainer
@@ -137,8 +141,18 @@ class TrainConfig:
             except LookupError:
                 raise ValueError(f"warm_start.noise_actions must list the random actions when noise > 0 ({self.env.id} "
                                  f"has no scripted mistakes)") from None
+        self._check_seed_range()
         self._check_sampling()
         self._check_schedulers()
+
+    def _check_seed_range(self) -> None:
+        """The training seeds the run needs at least (one task per trained group) must stay below the held-out
+        range; the run itself refuses any task past it (:class:`agentrl.controller.heldout.SeedMap`)."""
+        need = self.steps * self.manager.num_groups
+        if self.env.seed_start + need > EVAL_SEED_START:
+            raise ValueError(f"env.seed_start ({self.env.seed_start}) + steps * manager.num_groups ({need}) must be at "
+                             f"most {EVAL_SEED_START}: training tasks would use held-out evaluation seeds; lower "
+                             f"env.seed_start to {EVAL_SEED_START - need} or less")
 
     def _check_schedulers(self) -> None:
         """Refuses the scheduler combinations that would change what is trained (see the class docstring)."""
@@ -168,6 +182,11 @@ class TrainConfig:
             raise ValueError(f"rollout.top_p ({r.top_p}) must be 1.0 and rollout.top_k ({r.top_k}) -1 for training: "
                              f"the trainer scores tokens under the full distribution, so a truncated sampler makes "
                              f"every importance weight wrong")
+        if self.engine.logprobs_mode != "processed_logprobs" and r.temperature != 1.0:
+            raise ValueError(f"engine.logprobs_mode: {self.engine.logprobs_mode} with rollout.temperature "
+                             f"{r.temperature}: the engine would report log-probs of the unscaled logits, not of the "
+                             f"distribution it samples from; use engine.logprobs_mode: processed_logprobs (remote "
+                             f"servers: start them with --logprobs-mode processed_logprobs)")
         if t.temperature not in (1.0, r.temperature):
             raise ValueError(f"trainer.temperature ({t.temperature}) must equal rollout.temperature "
                              f"({r.temperature}): the trainer must score tokens at the temperature they were "

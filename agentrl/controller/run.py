@@ -24,8 +24,11 @@ deferred prompts waiting, length budget), ``train/stream/*``, ``time/trainer_idl
 and ``time/rollout_idle_frac`` (share of the step with no episode running).
 
 The config (:mod:`agentrl.controller.config`, re-exported here) makes the trainer score tokens at the rollout's
-temperature. Every step's metrics line lists the tasks it trained (``tasks``); checkpoints record the tasks opened
-but not yet trained, and a resumed run replays those first, so across a crash every task is trained exactly once.
+temperature. Every step's metrics line lists the tasks it trained (``tasks``) and those given up for good
+(``dropped_tasks``); checkpoints record the tasks opened but not yet trained, and a resumed run replays those first,
+so across a crash every task is trained at most once, and a dropped task is never replayed, interrupted or not
+(:mod:`agentrl.controller.ledger`). Evaluation plays distinct tasks that no training or warm-start episode plays
+(held out by content, :mod:`agentrl.controller.heldout`); ``summary.json`` states their number (``eval_tasks``).
 
 Run directory (``run_dir``): ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON line per step,
 flushed and fsynced), ``tb/`` (TensorBoard events), ``warmstart/`` (the warm-started starting policy, if any),
@@ -42,7 +45,6 @@ Trained trajectories and the trainer's log-prob records go to ``trajectories.jso
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import json
 import logging
@@ -62,7 +64,8 @@ from agentrl.controller.batches import ContinuousBatches, StreamedStep
 from agentrl.controller.tail import BudgetPolicy, TailPlanner, TailRounds
 from agentrl.controller.config import (DEMO_SEED_START, EVAL_SEED_START, EnvConfig, EvalConfig, TrainConfig,  # noqa: F401
                                   WarmStartConfig, load_config)
-from agentrl.trajectory import Group
+from agentrl.controller.heldout import HeldOut
+from agentrl.controller.ledger import TaskLedger  # noqa: F401  (re-exported)
 
 log = logging.getLogger("agentrl.train")
 
@@ -134,30 +137,32 @@ def tool_metrics(trajs: list[Any]) -> dict[str, float]:
     return out
 
 
-async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, episodes: int) -> dict[str, float]:
+async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, held: HeldOut) -> dict[str, float]:
     """Returns the mean reward, the share of episodes with reward > 0 and :func:`tool_metrics` of the engine's current
-    policy on the first ``episodes`` held-out seeds (``EVAL_SEED_START + i``)."""
+    policy on the held-out evaluation tasks (``held.eval_seeds``, one episode per distinct task, none of them played
+    in training or warm start: :mod:`agentrl.controller.heldout`), with ``episodes`` and ``tasks`` (distinct tasks:
+    the same number, by construction)."""
     from agentrl.manager import EnvManager, ManagerConfig
     from agentrl.agent.loop import AgentLoopPolicy
 
-    if episodes == 0:
+    if not held.eval_seeds:
         return {}
     rcfg = cfg.rollout if cfg.eval.temperature is None else dataclasses.replace(cfg.rollout, temperature=cfg.eval.temperature)
     policy = AgentLoopPolicy(engine, tokenizer, rcfg)
     mcfg = ManagerConfig.of(dataclasses.replace(cfg.manager, workers=0, num_groups=1, group_size=1, extra_groups=0,
                                                 extra_per_group=0))
-    specs = [EpisodeSpec(cfg.env.id, env_kwargs=dict(cfg.env.kwargs), seed=EVAL_SEED_START + i) for i in range(episodes)]
+    specs = [EpisodeSpec(cfg.env.id, env_kwargs=dict(cfg.env.kwargs), seed=s) for s in held.eval_seeds]
     async with EnvManager(mcfg, policy) as mgr:
         trajs = await mgr.run_episodes(specs)
     rewards = [t.reward for t in trajs]
     return {"reward": sum(rewards) / len(rewards), "success": sum(r > 0 for r in rewards) / len(rewards),
-            "episodes": float(len(rewards)), **tool_metrics(trajs)}
+            "episodes": float(len(rewards)), "tasks": float(len(held.eval_seeds)), **tool_metrics(trajs)}
 
 
 # ------------------------------------------------------------------------------------------------- warm start
-async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer: Any) -> Path:
-    """Trains ``model_dir`` on noisy scripted demonstrations and saves the result under ``out_dir`` (atomically);
-    returns the directory of the warm-started model."""
+async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer: Any, held: HeldOut) -> Path:
+    """Trains ``model_dir`` on noisy scripted demonstrations (seeds ``held.demos``: no evaluation task) and saves
+    the result under ``out_dir`` (atomically); returns the directory of the warm-started model."""
     from agentrl.envs import mistakes_for, solver_for
     from agentrl.manager import EnvManager, ManagerConfig
     from agentrl.trainer.trainer import Trainer
@@ -168,7 +173,7 @@ async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer
     policy = DemoPolicy(fn, tokenizer, cfg.rollout)
     mcfg = ManagerConfig.of(dataclasses.replace(cfg.manager, workers=0, num_groups=1, group_size=1, extra_groups=0,
                                                 extra_per_group=0))
-    specs = [EpisodeSpec(cfg.env.id, env_kwargs=dict(cfg.env.kwargs), seed=DEMO_SEED_START + i) for i in range(ws.episodes)]
+    specs = [EpisodeSpec(cfg.env.id, env_kwargs=dict(cfg.env.kwargs), seed=held.demos(i)) for i in range(ws.episodes)]
     async with EnvManager(mcfg, policy) as mgr:
         demos = [t for t in await mgr.run_episodes(specs) if t.termination != "error"]
     if not demos:
@@ -206,48 +211,6 @@ def check_resources(cfg: TrainConfig) -> None:
 def trainer_gpu(cfg: TrainConfig, cluster_gpus: bool) -> bool:
     """Whether each trainer rank takes a GPU: ``trainer.device: cuda``, or ``auto`` on a cluster with GPUs."""
     return cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and cluster_gpus)
-
-
-class TaskLedger:
-    """The training tasks: task ``i`` is seed ``env.seed_start + i`` in group ``task<i>``, one group per task.
-
-    Tracks the tasks the manager opened and the trainer has not trained yet. A checkpoint stores them
-    (:meth:`state`); a run resumed from it replays them first, then continues with new tasks, so across a crash no
-    task is skipped and none is trained twice (the steps after the checkpoint are rolled back with the trainer)."""
-
-    def __init__(self, env: EnvConfig, next_task: int = 0, replay: list[int] | None = None):
-        self.env = env
-        self.next_task = int(next_task)
-        self._replay = collections.deque(sorted(int(i) for i in replay or ()))
-        self.open: set[int] = set()
-
-    def open_task(self) -> int:
-        """Opens the next task, replayed tasks first, then new ones; returns its index."""
-        if self._replay:
-            i = self._replay.popleft()
-        else:
-            i, self.next_task = self.next_task, self.next_task + 1
-        self.open.add(i)
-        return i
-
-    def spec_for(self, i: int) -> EpisodeSpec:
-        """Task ``i``'s spec (seed ``env.seed_start + i``, group ``task<i>``)."""
-        return EpisodeSpec(self.env.id, env_kwargs=dict(self.env.kwargs), seed=self.env.seed_start + i,
-                           group_id=f"task{i}")
-
-    def next_spec(self) -> EpisodeSpec:
-        """The manager's task source: replayed tasks first, then new ones."""
-        return self.spec_for(self.open_task())
-
-    def trained(self, groups: list[Group]) -> list[int]:
-        """Marks the tasks of ``groups`` trained; returns their indices."""
-        ids = [int(g.id[len("task"):]) for g in groups]
-        self.open.difference_update(ids)
-        return ids
-
-    def state(self) -> dict[str, Any]:
-        """``next_task`` and ``open_tasks`` (opened, not trained, including those still waiting to be replayed)."""
-        return {"next_task": self.next_task, "open_tasks": sorted(self.open | set(self._replay))}
 
 
 class _IdleMeter:
@@ -323,6 +286,11 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
                  include_dashboard=False, log_to_driver=False)
     check_resources(cfg)  # before any model loads
 
+    held = HeldOut(cfg.env, cfg.eval.episodes)
+    held.train(0)  # fails now, not mid-run, when no training seed is left (every task held out, or out of range)
+    if len(held.eval_seeds) < cfg.eval.episodes:
+        log.warning("evaluation: only %d distinct tasks found for eval.episodes=%d", len(held.eval_seeds),
+                    cfg.eval.episodes)
     model_dir = Path(EngineConfig(model=cfg.engine.model).resolved_model())
     tokenizer = run_tokenizer(cfg.engine)
     start_model = model_dir
@@ -334,7 +302,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
         else:
             log.info("warm start: %d scripted episodes (noise %.2f), %d SFT steps",
                      cfg.warm_start.episodes, cfg.warm_start.noise, cfg.warm_start.steps)
-            start_model = await warm_start(cfg, model_dir, ws_dir, tokenizer)
+            start_model = await warm_start(cfg, model_dir, ws_dir, tokenizer, held)
     t_rl = time.perf_counter()
 
     from agentrl.inference.placement import cluster_has_gpus
@@ -342,11 +310,12 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
     trainer = create_trainer(cfg.trainer_config(), start_model, num_cpus=cfg.trainer_num_cpus,
                              num_gpus=1 if trainer_gpu(cfg, cluster_has_gpus()) else 0)
     step0, history = 0, {}
-    tasks = TaskLedger(cfg.env)
+    tasks = TaskLedger(cfg.env, seeds=held.train)
     if latest is not None:
         step0, ckpt_dir, state = latest
         await trainer.load_checkpoint.remote(str(ckpt_dir))
-        tasks = TaskLedger(cfg.env, int(state["next_task"]), state.get("open_tasks", []))
+        tasks = TaskLedger(cfg.env, int(state["next_task"]), state.get("open_tasks", []), seeds=held.train,
+                           dropped_before=state.get("dropped_tasks", []))
         history = state.get("history", {})
         files.truncate_metrics(step0)
         log.info("resumed from %s (step %d; replaying %d tasks that were in flight)", ckpt_dir, step0,
@@ -365,11 +334,13 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
 
             writer = SummaryWriter(str(files.root / "tb"), purge_step=step0 + 1 if step0 else None)
         if "eval_before" not in history and cfg.eval.episodes:
-            history["eval_before"] = await evaluate(engine, tokenizer, cfg, cfg.eval.episodes)
-            log.info("held-out reward before RL: %.3f", history["eval_before"]["reward"])
+            history["eval_before"] = await evaluate(engine, tokenizer, cfg, held)
+            log.info("held-out reward before RL: %.3f (%d distinct tasks, none trained on)",
+                     history["eval_before"]["reward"], len(held.eval_seeds))
 
         policy = make_policy(engine, tokenizer, cfg.rollout)
-        summary = await _loop(cfg, files, trainer, engine, weights, policy, tasks, step0, history, writer, tokenizer)
+        summary = await _loop(cfg, files, trainer, engine, weights, policy, tasks, step0, history, writer, tokenizer,
+                              held)
         # This process's times (a resumed run counts from its restart): set-up + warm start + RL phase = wall_s.
         summary["wall_s"] = time.perf_counter() - t_start
         summary["warm_start_s"] = t_rl - t_warm
@@ -383,6 +354,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
             await policy.aclose()
         await engine.close()
         stop_trainer(trainer)
+        held.close()
 
 
 def _batch_source(cfg: TrainConfig, mgr: Any, policy: Any, tasks: TaskLedger) -> Any:
@@ -390,14 +362,15 @@ def _batch_source(cfg: TrainConfig, mgr: Any, policy: Any, tasks: TaskLedger) ->
     if cfg.tail_batching.enabled:
         t = cfg.tail_batching
         planner = TailPlanner(cfg.manager.num_groups, t.extra_prompts, t.length_budget)
-        return TailRounds(mgr, policy, planner, tasks.spec_for, tasks.open_task)
+        return TailRounds(mgr, policy, planner, tasks.spec_for, tasks.open_task, tasks.dropped)
     src = ContinuousBatches(mgr, tasks.next_spec)
     src.start()
     return src
 
 
 async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, weights: WeightSync, policy: Any,
-                tasks: TaskLedger, step0: int, history: dict[str, Any], writer: Any, tokenizer: Any) -> dict[str, Any]:
+                tasks: TaskLedger, step0: int, history: dict[str, Any], writer: Any, tokenizer: Any,
+                held: HeldOut | None = None) -> dict[str, Any]:
     """Steps ``step0 .. cfg.steps - 1``: takes each step's batch from the manager (due groups first, so no token is
     more than ``async_ratio`` versions old), trains, syncs weights, moves the manager's version, logs, checkpoints."""
     from agentrl.manager import EnvManager, ManagerConfig
@@ -428,7 +401,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, we
                                                       stream.feed if stream is not None else None)
                     if not groups or len(groups) < num_groups:
                         raise RuntimeError(f"the manager stopped producing groups (got {len(groups or [])} of "
-                                           f"{num_groups})")
+                                           f"{num_groups})" + (f": {tasks.error}" if tasks.error else ""))
                 except BaseException:
                     if stream is not None:
                         await stream.abort()
@@ -476,9 +449,11 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, we
                     "tasks": trained_tasks,  # the ledger: every task is trained at exactly one step
                 })
                 row.update(synced)
+                tasks.dropped(mgr.take_dropped())
+                row["dropped_tasks"] = tasks.take_dropped()  # given up for good (never replayed)
                 row.update(_flatten(tool_metrics(trajs), "tool/"))
-                if cfg.eval.every and version % cfg.eval.every == 0 and version < cfg.steps:
-                    row.update(_flatten(await evaluate(engine, tokenizer, cfg, cfg.eval.episodes), "eval/"))
+                if cfg.eval.every and held is not None and version % cfg.eval.every == 0 and version < cfg.steps:
+                    row.update(_flatten(await evaluate(engine, tokenizer, cfg, held), "eval/"))
                 await tlog.write_step(version, trajs, trainer if cfg.trainer.record_logprobs else None)
                 files.append_metrics(row)
                 if writer is not None:
@@ -492,6 +467,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, we
                 if version % cfg.checkpoint_every == 0 or version == cfg.steps:
                     d = files.checkpoint_dir(version)
                     await trainer.save_checkpoint.remote(str(d))
+                    tasks.dropped(mgr.take_dropped())  # (no await until the state is written)
                     _atomic_write(d.with_suffix(".json"), json.dumps(
                         {"step": version, **tasks.state(), "history": history}))
         finally:
@@ -503,7 +479,10 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, we
     summary = {"steps": cfg.steps, "async_ratio": cfg.async_ratio, **history}
     if cfg.tail_batching.enabled:
         summary["tail"] = source.planner.metrics()
-    if cfg.eval.episodes:
-        summary["eval_after"] = await evaluate(engine, tokenizer, cfg, cfg.eval.episodes)
-        log.info("held-out reward after RL: %.3f", summary["eval_after"]["reward"])
+    if cfg.eval.episodes and held is not None:
+        summary["eval_after"] = await evaluate(engine, tokenizer, cfg, held)
+        log.info("held-out reward after RL: %.3f (%d distinct tasks, none trained on)", summary["eval_after"]["reward"],
+                 len(held.eval_seeds))
+        summary["eval_tasks"] = len(held.eval_seeds)
+        summary["held_out_by"] = "content" if held.keyed else "seed"
     return summary

@@ -14,7 +14,8 @@ Invariants
   rounds) and an aborted attempt is discarded, never resumed, so every trained token has staleness 0.
 - **Every deferred prompt is trained exactly once**: a prompt leaves the short rounds only by being trained or
   deferred; deferred prompts are replayed in long rounds (first in, first out) and a long round trains every prompt
-  it launched (a prompt whose episodes keep failing is dropped as the plain controller drops such a group). The
+  it launched (a prompt whose episodes keep failing is dropped, and closed for good, as the plain controller drops
+  such a group: :mod:`agentrl.controller.ledger`). The
   planner schedules long rounds early enough that nothing is left deferred after the last step
   (:meth:`TailPlanner.plan`) unless a late short round defers more than any before it (a short round defers
   ``extra_prompts`` plus one per group given up on the way); what is left then stays in the checkpoint's open tasks
@@ -188,13 +189,15 @@ class TailRounds:
     complete; then the rest is cancelled. A long round streams its replayed tasks (then fresh ones, should a group
     fail) with no budget.
 
-    ``spec_for(i)`` returns task ``i``'s spec, ``open_task()`` opens a fresh task and returns its index (the
-    controller's :class:`~agentrl.controller.run.TaskLedger`)."""
+    ``spec_for(i)`` returns task ``i``'s spec, ``open_task()`` opens a fresh task and returns its index (None: no
+    task left), ``drop(ids)`` closes the tasks a long round could not train (the controller's
+    :class:`~agentrl.controller.ledger.TaskLedger`)."""
 
     def __init__(self, manager: Any, budget_policy: BudgetPolicy, planner: TailPlanner,
-                 spec_for: Callable[[int], EpisodeSpec], open_task: Callable[[], int]):
+                 spec_for: Callable[[int], EpisodeSpec], open_task: Callable[[], int | None],
+                 drop: Callable[[list[int]], None] | None = None):
         self.mgr, self.policy, self.planner = manager, budget_policy, planner
-        self.spec_for, self.open_task = spec_for, open_task
+        self.spec_for, self.open_task, self.drop = spec_for, open_task, drop
         self.last: dict[str, float] = {}
 
     async def next_batch(self, n: int, steps_left: int,
@@ -208,8 +211,10 @@ class TailRounds:
         replay = deque(plan.replay)
         pulled: list[int] = []
 
-        def source() -> EpisodeSpec:
+        def source() -> EpisodeSpec | None:
             i = replay.popleft() if replay else self.open_task()
+            if i is None:
+                return None
             pulled.append(i)
             return self.spec_for(i)
 
@@ -230,6 +235,8 @@ class TailRounds:
         done = {g.id for g in groups}
         deferred = [i for i in pulled if self.spec_for(i).group_id not in done]
         self.planner.finished(plan, deferred)
+        if plan.kind == LONG and deferred and self.drop is not None:
+            self.drop(deferred)
         self.last = {"tail/long_round": float(plan.kind == LONG), "tail/launched_groups": float(len(pulled)),
                      "tail/over_budget": float(self.policy.over_budget - over0),
                      "tail/given_up_groups": float(self.mgr.counts.get("given_up_groups", 0) - given0),

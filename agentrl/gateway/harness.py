@@ -230,9 +230,18 @@ def harness_policy(harness: HarnessFn, cfg: GatewayConfig | None = None) -> Call
     """Returns a policy factory for :func:`agentrl.controller.run.train` (``train(cfg, policy=harness_policy(fn))``):
     the gateway samples with the run's ``rollout`` temperature/top-p/top-k (``sampling: config``, so the trainer's
     ratios are taken against the distribution that was sampled) and the rollout's chat config, unless ``cfg`` is
-    given."""
+    given; a given ``cfg`` must sample the same way (``sampling: config``, the rollout's temperature/top_p/top_k),
+    else ValueError."""
 
     def make(engine: Any, tokenizer: Any, rollout: Any) -> HarnessPolicy:
+        if cfg is not None:  # the trainer scores tokens under the rollout's sampling: the gateway must sample so
+            want = {"sampling": "config", "temperature": rollout.temperature, "top_p": rollout.top_p,
+                    "top_k": rollout.top_k}
+            bad = [f"{k}={getattr(cfg, k)!r} (rollout: {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
+            if bad:
+                raise ValueError(f"harness_policy: GatewayConfig {', '.join(bad)}: the gateway would sample from "
+                                 f"another distribution than the trainer scores; set sampling='config' and the "
+                                 f"rollout's temperature/top_p/top_k")
         gcfg = cfg or GatewayConfig(port=0, sampling="config", temperature=rollout.temperature, top_p=rollout.top_p,
                                     top_k=rollout.top_k, chat=rollout.chat)
         return HarnessPolicy(engine, tokenizer, harness, gcfg)

@@ -23,7 +23,9 @@ Rules
    that keep every later deadline meetable (for each ``d``, the groups due by ``d`` must fit into this batch and the
    ``d − v`` after it), finished ones first, waiting for a running one only when no finished one will do; then it
    fills up with other finished groups in completion order (:meth:`Admission.select_batch`). Taking the fast groups
-   first without that check would let old slow groups pile up beyond what one batch can take.
+   first without that check would let old slow groups pile up beyond what one batch can take. A streamed step
+   takes its batch one group at a time under the same plan (capacity ``n`` per step, ``n`` minus the groups
+   already taken for the rest of this one), so it waits for exactly the groups the whole batch would wait for.
 3. **Staleness** (the safety net): a finished trajectory, held winner or running episode whose oldest token version is
    below ``v − α`` is stale: it is cancelled or dropped, counted (``dropped_stale``), replaced within its group, and
    charged to the group's failure budget (``max_failures_per_group``), so a task whose episodes keep going stale is
@@ -120,7 +122,8 @@ class Admission:
         return None if self.alpha is None else admit_version + self.alpha
 
     def select_batch(self, ready: Sequence[T], running: Mapping[int, int], n: int, step: int,
-                     admitted: Callable[[T], tuple[int, int]], ended: bool = False) -> list[T] | None:
+                     admitted: Callable[[T], tuple[int, int]], ended: bool = False, taken: int = 0,
+                     want: int | None = None) -> list[T] | None:
         """Picks the batch of ``n`` groups for ``step`` (rule 2). ``ready``: finished groups in completion order;
         ``admitted(g)`` returns ``(admission version, opening order)``; ``running``: how many groups still open were
         admitted at each version.
@@ -130,11 +133,21 @@ class Admission:
         that keeps that true (finished ones first, earliest deadline first); if that needs a group that is still
         running it returns None (the caller waits); then it fills up with other finished groups in completion
         order. Returns None while fewer than ``n`` groups are ready; with ``ended`` (nothing more will finish) it
-        returns what there is (None if nothing)."""
-        if len(ready) < n and not ended:
+        returns what there is (None if nothing).
+
+        A streamed step takes its batch in parts: ``taken`` groups of this step's ``n`` were taken already, and
+        ``want`` (default: the rest, ``n − taken``) is the size of this part. The capacity planned is still ``n``
+        per step, ``n − taken`` for the rest of this one: a part takes the groups that must be in this step, and
+        other finished groups only while they leave room for the running groups that must be in it too; it waits
+        only when neither is possible (the whole-batch path waits for the same groups)."""
+        room = n - taken
+        want = room if want is None else min(want, room)
+        if want < 1:
+            return None
+        if len(ready) < want and not ended:
             return None  # the common case while groups finish: nothing to decide yet
         if self.alpha is None:
-            return list(ready[:n]) or None
+            return list(ready[:want]) or None
         a = self.alpha
         by_deadline = sorted(ready, key=admitted)
         ready_dl = [admitted(g)[0] + a for g in by_deadline]
@@ -143,17 +156,19 @@ class Admission:
         must_running = 0
         for d in sorted(set(ready_dl) | {x for x, _ in open_dl}):
             due_by_d = bisect.bisect_right(ready_dl, d) + sum(k for x, k in open_dl if x <= d)
-            need = min(due_by_d - max(0, d - step) * n, n)
+            need = min(due_by_d - max(0, d - step) * n, room)
             while len(must) + must_running < need:
                 if len(must) < len(by_deadline) and ready_dl[len(must)] <= d:
                     must.append(by_deadline[len(must)])
                 else:
                     must_running += 1  # the rest has to come from groups still running
-        if must_running and len(must) < n and not ended:
+        chosen = must[:want]
+        # other finished groups, as many as leave room in this step for the running groups that must be in it
+        spare = want - len(chosen) if ended else min(want - len(chosen), room - len(must) - must_running)
+        ids = {id(g) for g in chosen}
+        chosen += [g for g in ready if id(g) not in ids][: max(0, spare)]
+        if len(chosen) < want and not ended:
             return None  # a group that has to be in this batch is still running
-        chosen = must[:n]
-        taken = {id(g) for g in chosen}
-        chosen += [g for g in ready if id(g) not in taken][: n - len(chosen)]
         return chosen or None
 
     # ---- rule 3: staleness --------------------------------------------------------------------------------------

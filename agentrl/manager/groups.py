@@ -103,6 +103,7 @@ class Round:
         self.count = itertools.count()
         self.reap: set[asyncio.Task] = set()  # cancelled losers still closing their envs
         self.to_open = to_open  # groups still to open (None: unbounded, continuous mode)
+        self.dropped: list[str] = []  # ids of groups ended without delivery (abandoned, given up), not yet taken
         # Group ids seen in a bounded round: specs given to run_episodes may share one, their episodes must not.
         self.gids: collections.Counter[str] | None = collections.Counter() if to_open is not None else None
         self.changed = asyncio.Event()
@@ -297,6 +298,8 @@ class GroupBook:
         r = g.round
         self.finish(g, "abandoned: its group failed too often")
         self.counts["failed_groups"] += 1
+        if not r.deliver_failed:
+            r.dropped.append(g.id)
         if r.deliver_failed and g.last_error is not None and not r.closed:
             g.winners = [g.last_error]
             self._make_ready(g)
@@ -310,6 +313,7 @@ class GroupBook:
         r = g.round
         self.finish(g, "given up: a sibling's policy gave the group up")
         self.counts["given_up_groups"] += 1
+        r.dropped.append(g.id)
         if r.target is not None and not r.closed:
             r.to_open = (r.to_open or 0) + 1
         r.wake()

@@ -237,17 +237,19 @@ class EnvManager:
         if self._round is r:
             self._round = None
 
-    async def _take(self, r: Round, n: int, ordered: bool) -> list[Group] | None:
+    async def _take(self, r: Round, n: int, ordered: bool, batch: int | None = None, taken: int = 0
+                    ) -> list[Group] | None:
         """Waits for and takes ``n`` ready groups of ``r`` (fewer once nothing more can finish; None if none):
-        by the deadline rule (``ordered``) or in completion order."""
+        by the deadline rule (``ordered``; as part of a step's ``batch`` groups of which ``taken`` were taken) or
+        in completion order."""
         adm = self.admission
         while True:
             if self._fatal is not None and not r.ready:
                 raise self._fatal
             if ordered:
                 step = self.version
-                chosen = adm.select_batch(r.ready, r.open_versions, n, step, lambda g: (g.admit_version, g.index),
-                                          ended=r.finished)
+                chosen = adm.select_batch(r.ready, r.open_versions, batch or n, step,
+                                          lambda g: (g.admit_version, g.index), ended=r.finished, taken=taken, want=n)
             else:
                 chosen = r.ready[:n] if len(r.ready) >= n or r.finished else None
             if chosen:
@@ -352,15 +354,26 @@ class EnvManager:
         self._cround = r
         self._pump()
 
-    async def next_batch(self, n: int) -> list[Group] | None:
+    async def next_batch(self, n: int, *, batch: int | None = None, taken: int = 0) -> list[Group] | None:
         """Returns the ``n`` groups to train at the current version, earliest deadline first (a group admitted at
         ``a`` is due at step ``a + α``): the groups that must be trained now for every deadline to be met (waiting
-        for them if they are still running), then other finished groups in completion order. Returns fewer once nothing more can finish, and None when the run ended with nothing
-        left (source exhausted and nothing running, or stopped)."""
+        for them if they are still running), then other finished groups in completion order. Returns fewer once
+        nothing more can finish, and None when the run ended with nothing left (source exhausted and nothing
+        running, or stopped). A step taken in parts (a streamed trainer) passes its size ``batch`` (groups) and how
+        many it ``taken`` so far: deadlines are planned with that capacity, not ``n``."""
         r = self._cround
         if r is None:
             raise ManagerError("no continuous run was started (call start())")
-        return await self._take(r, n, ordered=True)
+        return await self._take(r, n, ordered=True, batch=batch, taken=taken)
+
+    def take_dropped(self) -> list[str]:
+        """The ids of the continuous run's groups that ended without being delivered (abandoned after their failure
+        budget, or given up by their policy) since the last call: their tasks will not be trained."""
+        r = self._cround
+        if r is None:
+            return []
+        out, r.dropped = r.dropped, []
+        return out
 
     async def next_group(self) -> Group | None:
         """Returns the next group of the continuous run (:meth:`next_batch` of one), or None when the run ended."""

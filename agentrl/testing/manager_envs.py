@@ -29,6 +29,7 @@ EVENTS: list[tuple[Any, str]] = []
 """Process-local log of ``(tag, event)``: ``close``, ``step_cancelled``, ``step_thread:<thread name>``."""
 
 _CREATED: dict[Any, int] = {}
+_FAILED_ONCE: set[tuple[Any, int]] = set()  # (tag, seed) of the transient failures already raised
 
 FAULTS = ("raise", "hang", "garbage", "bad_reward", "nan_reward", "bad_obs", "bad_info")
 
@@ -47,7 +48,8 @@ class SleepEnv(Env):
     in this process (the last value repeats); or a long tail, ``turns_tail`` = a Pareto shape, ``turns =
     min(turns_max, floor(Pareto(shape)))`` (at shape 1 about half the episodes are one turn long). The length is
     logged as ``(tag, "turns:<n>")`` at reset. Fault and length draws use a per-instance RNG that is not the reset
-    seed, so members of a group (same seed) differ.
+    seed, so members of a group (same seed) differ. ``fail_once_seeds``: the first reset of each of these seeds
+    with this ``tag`` in this process raises (a transient failure: a later attempt at the same task succeeds).
     """
 
     description = "manager test env with async sleep latency and injectable faults"
@@ -57,8 +59,10 @@ class SleepEnv(Env):
                  fault: str | None = None, fault_at: int = 0, fault_prob: float = 1.0, slow_prob: float = 0.0,
                  slow_factor: float = 10.0, hang_prob: float = 0.0, final_reward: float | None = None,
                  tag: Any = None, hang_after: int | None = None, close_latency: float = 0.0,
-                 turns_per_instance: list[int] | None = None, turns_tail: float | None = None, turns_max: int = 64):
+                 turns_per_instance: list[int] | None = None, turns_tail: float | None = None, turns_max: int = 64,
+                 fail_once_seeds: list[int] | None = None):
         super().__init__()
+        self.fail_once_seeds = set(fail_once_seeds or ())
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
         self.turns, self.step_latency, self.latency_sigma = turns, step_latency, latency_sigma
@@ -97,6 +101,9 @@ class SleepEnv(Env):
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self.t, self.seed_seen, self.options_seen = 0, seed, options
         EVENTS.append((self.tag, f"turns:{self.turns}"))
+        if seed in self.fail_once_seeds and (self.tag, seed) not in _FAILED_ONCE:
+            _FAILED_ONCE.add((self.tag, seed))
+            raise RuntimeError(f"injected transient reset failure (tag={self.tag}, seed={seed})")
         if self.reset_latency > 0:
             await asyncio.sleep(self.reset_latency)
         fault = self._fault_now(-1)

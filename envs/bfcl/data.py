@@ -85,6 +85,10 @@ class ItemSelection:
         """The item ids, index-aligned (``task_ids()[i]`` is what ``options={"index": i}`` selects)."""
         return list(self.cat.ids)
 
+    def task_key(self, seed: int) -> str:
+        """The item ``reset(seed=seed)`` selects (``seed % num_tasks``: seeds collide)."""
+        return f"{self.cat.name}/{self.cat.ids[self._select(seed, None)]}"
+
     def _select(self, seed: int | None, options: dict[str, Any] | None) -> int:
         options = options or {}
         if "id" in options:

@@ -218,6 +218,13 @@ class SWEEnv(Env):
         """The tools in OpenAI function format (for chat templates that take ``tools``)."""
         return [t.schema() for t in self.tools.values()]
 
+    def task_key(self, seed: int) -> str:
+        """The instance ``reset(seed=seed)`` picks (a draw from the seed: seeds collide), without a sandbox."""
+        from gymnasium.utils import seeding
+
+        rng, _ = seeding.np_random(seed)
+        return self.instances[int(rng.integers(len(self.instances)))].instance_id
+
     def _pick(self, seed: int | None, options: Mapping[str, Any] | None) -> SWEInstance:
         options = options or {}
         if "instance_id" in options:

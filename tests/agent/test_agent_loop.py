@@ -330,7 +330,8 @@ async def test_aclose_aborts_the_request_in_flight(tok):
     engine = FakeEngine(lambda p, params, i: enc(tok, "50") + [eos], eos, delay=lambda rid: 10)
     s = AgentLoopPolicy(engine, tok, RolloutConfig()).session(meta("t9"))
     task = asyncio.create_task(s.act([{"role": "user", "content": "Go."}]))
-    await asyncio.sleep(0.05)
+    while not engine.calls:  # the request is in flight (recorded before its 10 s answer)
+        await asyncio.sleep(0)
     task.cancel()
     await s.aclose()
     assert engine.aborted == ["t9-t0-r0"]

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 from agentrl.inference.base import InferenceEngine
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
+from agentrl.testing.engine_probe import TokenProbe
 from agentrl.trajectory import Trajectory
 
 pytestmark = pytest.mark.engine
@@ -119,8 +120,9 @@ async def test_turn_aborted_by_a_weight_update_is_resubmitted(engine, tiny_model
     budget = min(1000, engine.max_model_len - 64)  # long enough that the update lands mid-turn
     cfg = RolloutConfig(max_tokens_per_turn=budget, ignore_eos=True, max_context_tokens=engine.max_model_len)
     s = AgentLoopPolicy(rec, tokenizer, cfg).session(EpisodeMeta("abort-test", "g", "x", 0))
-    act = asyncio.create_task(s.act([{"role": "user", "content": "Count to a thousand."}]))
-    await asyncio.sleep(0.3)
+    with TokenProbe(engine) as probe:
+        act = asyncio.create_task(s.act([{"role": "user", "content": "Count to a thousand."}]))
+        await probe.wait()  # the turn's first tokens are out, far from its budget
     assert not act.done(), "the turn finished before the weight update: raise the token budget"
     await engine.update_weights(state, v0 + 1)
     a = await act

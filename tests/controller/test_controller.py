@@ -13,6 +13,7 @@ from scipy.stats import ks_2samp
 import agentrl
 from agentrl.manager import ManagerConfig
 from agentrl.testing.manager_envs import EVENTS, EchoPolicy
+from agentrl.controller.weights import WeightSync
 from agentrl.controller.run import EnvConfig, EvalConfig, RunFiles, TaskLedger, TrainConfig, _loop
 
 pytestmark = pytest.mark.timeout(120)
@@ -79,7 +80,8 @@ async def _run(cfg, trainer, step0=0, tasks=None, version0=0):
     policy.current_version = version0
     files = RunFiles(cfg.run_dir)
     tasks = tasks or TaskLedger(cfg.env)
-    await _loop(cfg, files, trainer, FakeEngine(policy), policy, tasks, step0, {}, None, None)
+    engine = FakeEngine(policy)
+    await _loop(cfg, files, trainer, engine, WeightSync(trainer, engine), policy, tasks, step0, {}, None, None)
     return [json.loads(x) for x in files.metrics.read_text().splitlines()], tasks
 
 
@@ -130,7 +132,7 @@ def test_task_ledger_accounts_for_every_task():
     from agentrl.trajectory import Group
 
     assert led.trained([Group("task3", []), Group("task5", [])]) == [3, 5]
-    assert led.state() == {"next_task": 7, "open_tasks": [1, 6]}
+    assert led.state() == {"next_task": 7, "open_tasks": [1, 6], "dropped_tasks": []}
     led2 = TaskLedger(env, next_task=7, replay=[1, 6])
     assert led2.state()["open_tasks"] == [1, 6]  # not yet replayed: still open
 

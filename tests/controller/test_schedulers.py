@@ -354,3 +354,22 @@ async def test_streaming_at_alpha_2_keeps_the_staleness_bound(tmp_path):
     assert rows[-1]["manager/dropped_stale"] == 0 and rows[-1]["manager/cancelled"] == 0
     trained = [t for r in rows for t in r["tasks"]]
     assert len(set(trained)) == len(trained) == 32
+
+
+async def test_a_streamed_step_asks_for_its_groups_with_the_steps_capacity():
+    """Each group of a streamed step is taken with the step's size and the groups taken so far, so the manager
+    plans deadlines with the capacity the whole-batch step has (agentrl/manager/admission.py, select_batch)."""
+    from agentrl.controller.batches import ContinuousBatches
+    from agentrl.trajectory import Group
+
+    calls = []
+
+    class _Mgr:
+        async def next_batch(self, n, **kw):
+            calls.append((n, kw))
+            return [Group(f"task{len(calls)}", [])]
+
+    fed = []
+    got = await ContinuousBatches(_Mgr(), lambda: None).next_batch(3, 1, fed.append)
+    assert [g.id for g in got] == [g.id for g in fed] == ["task1", "task2", "task3"]
+    assert calls == [(1, {"batch": 3, "taken": 0}), (1, {"batch": 3, "taken": 1}), (1, {"batch": 3, "taken": 2})]

@@ -167,3 +167,43 @@ def test_solver_for_unknown_or_solverless_env():
         solver_for("agentrl/FrozenLak-v0")
     with pytest.raises(LookupError, match="no scripted solver"):
         solver_for("CartPole-v1")
+
+
+# Envs whose task is its whole transcript under the scripted solver (the solver reveals every hidden part).
+FULLY_REVEALED = ["agentrl/FrozenLake-v0", "agentrl/GuessNumber-v0", "agentrl/Arithmetic-v0"]
+
+
+@pytest.mark.parametrize("env_id", BUILTIN_IDS)
+def test_task_key_names_the_task_content_and_leaves_reset_alone(env_id):
+    """Held-out evaluation relies on it (agentrl/controller/heldout.py): equal keys mean the same task (the
+    scripted solver plays the same episode); where the solver reveals the whole task, the same task means equal
+    keys. Small settings make seeds collide, and the key must see it."""
+    kwargs = {"agentrl/FrozenLake-v0": {"size": 3}, "agentrl/GuessNumber-v0": {"high": 8},
+              "agentrl/Arithmetic-v0": {"difficulty": 1}}.get(env_id, {})
+    env = agentrl.make(env_id, **kwargs)
+    solve = solver_for(env_id)
+    seeds = range(300)
+    keys = [env.unwrapped.task_key(s) for s in seeds]
+    assert all(isinstance(k, str) for k in keys)
+    plays = [repr(play_episode(agentrl.make(env_id, **kwargs), solve, seed=s).conversation) for s in seeds]
+    by_key: dict = {}
+    for k, p in zip(keys, plays):
+        assert by_key.setdefault(k, p) == p, f"{env_id}: one key for two different tasks"
+    if env_id in FULLY_REVEALED:
+        assert len(set(plays)) == len(set(keys)) < len(keys)  # seeds collide, and the keys say so
+    # task_key on the same instance does not change what a seeded reset draws
+    env.reset(seed=5)
+    first = as_messages(env.reset(seed=11)[0])
+    env.unwrapped.task_key(12)
+    assert as_messages(env.reset(seed=11)[0]) == first
+
+
+def test_dataset_envs_name_the_item_a_seed_selects():
+    bfcl = agentrl.make("agentrl/BFCL-simple-python-v0").unwrapped
+    assert bfcl.task_key(3) == bfcl.task_key(3 + bfcl.num_tasks) != bfcl.task_key(4)  # seed % num_tasks
+    assert bfcl.task_key(3).endswith(bfcl.task_ids()[3])
+    swe = agentrl.make("agentrl/SWE-v0").unwrapped  # no sandbox is started for a key
+    for s in range(20):
+        gymnasium.Env.reset(swe, seed=s)  # what areset draws the instance from
+        assert swe.task_key(s) == swe._pick(s, None).instance_id
+    assert len({swe.task_key(s) for s in range(40)}) < 40  # 13 instances: seeds collide

@@ -30,7 +30,7 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def slow_env(tmp_path: Path, n: int, delay: float, concurrency: int) -> tuple[Path, Path, dict]:
+def slow_env(tmp_path: Path, n: int, delay: float, concurrency: int, extra: str = "") -> tuple[Path, Path, dict]:
     markers = tmp_path / "markers"
     markers.mkdir(exist_ok=True)
     out = tmp_path / "out"
@@ -39,7 +39,7 @@ def slow_env(tmp_path: Path, n: int, delay: float, concurrency: int) -> tuple[Pa
         "envs:\n"
         "  - id: eval_slow_env:SlowEnv\n"
         "    name: slow\n"
-        f"    kwargs: {{n: {n}, delay: {delay}, marker_dir: '{markers}'}}\n"
+        f"    kwargs: {{n: {n}, delay: {delay}, marker_dir: '{markers}'{extra}}}\n"
         f"concurrency: {concurrency}\nout: '{out}'\nprogress: false\n"
     )
     env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -115,12 +115,15 @@ def test_torn_last_line_is_dropped_and_rerun(tmp_path):
 
 def test_sigint_leaves_consistent_files_and_rerun_completes(tmp_path):
     n = 120
-    cfg, out, env = slow_env(tmp_path, n=n, delay=0.25, concurrency=4)
+    # Episodes 8.. are held until the gate opens (after the SIGINT landed), so the run cannot finish first.
+    gate = tmp_path / "gate"
+    cfg, out, env = slow_env(tmp_path, n=n, delay=0.0, concurrency=4, extra=f", hold_from: 8, gate: '{gate}'")
     proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "eval", str(cfg)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     traj = out / "trajectories.jsonl"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not traj.exists() or len(traj.read_text().splitlines()) < 8):
+        assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -137,6 +140,7 @@ def test_sigint_leaves_consistent_files_and_rerun_completes(tmp_path):
     opened = {m.split(".")[0] for m in markers if m.endswith(".open")}
     assert opened and opened == {m.split(".")[0] for m in markers if m.endswith(".closed")}
 
+    gate.touch()
     r = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", str(cfg)], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

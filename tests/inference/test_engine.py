@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.inference.base import SamplingParams
 from agentrl.inference import EngineConfig, make_engine
+from agentrl.testing.engine_probe import TokenProbe
 
 pytestmark = pytest.mark.engine
 
@@ -84,8 +85,10 @@ async def test_max_tokens_clamped_to_context_and_overlong_prompt_rejected(engine
 
 async def test_abort_returns_partial_tokens_and_resubmission_continues(engine, tok):
     p = _prompt(tok)
-    task = asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=1500, ignore_eos=True), request_id="eng-abort"))
-    await asyncio.sleep(1.0)  # some tokens in, far from 1500
+    with TokenProbe(engine, "eng-abort") as probe:
+        task = asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=1500, ignore_eos=True),
+                                                   request_id="eng-abort"))
+        await probe.wait()  # some tokens in, far from 1500
     await engine.abort("eng-abort")
     gen = await asyncio.wait_for(task, 60)
     assert gen.finish_reason == "abort"
@@ -97,8 +100,10 @@ async def test_abort_returns_partial_tokens_and_resubmission_continues(engine, t
 
 async def test_cancelled_caller_does_not_break_engine(engine, tok):
     p = _prompt(tok)
-    task = asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=1500, ignore_eos=True), request_id="eng-cancel"))
-    await asyncio.sleep(0.3)
+    with TokenProbe(engine, "eng-cancel") as probe:
+        task = asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=1500, ignore_eos=True),
+                                                   request_id="eng-cancel"))
+        await probe.wait()  # running, far from done
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.inference.base import SamplingParams
+from agentrl.testing.engine_probe import count_replica_tokens, replica_tokens
 
 pytestmark = pytest.mark.engine
 
@@ -68,6 +69,14 @@ def _hf_logprobs(model_dir, state_dict, seq):
     return [logp[i, seq[i + 1]].item() for i in range(len(seq) - 1)]
 
 
+async def _until_tokens(eng, replica, request_id, timeout=300.0):
+    """Waits until ``request_id`` has produced tokens on ``replica`` (a loaded machine may take seconds)."""
+    end = asyncio.get_running_loop().time() + timeout
+    while not await eng.replicas[replica].__ray_call__.remote(replica_tokens, request_id):
+        assert asyncio.get_running_loop().time() < end, f"no tokens of {request_id} after {timeout} s"
+        await asyncio.sleep(0.02)
+
+
 async def _restore(eng, original):
     await eng.update_weights(original, eng.version + 1)
 
@@ -82,9 +91,11 @@ async def test_sessions_spread_and_stick_with_exact_versions(eng, tok):
         assert len(g.token_ids) == len(g.logprobs) == len(g.versions) == 12
         assert g.versions == [eng.version] * 12 and all(math.isfinite(x) and x <= 0 for x in g.logprobs)
     # Second turns go where the first went (prefix cache), even while that replica is the busier one.
+    for r in eng.replicas:
+        await r.__ray_call__.remote(count_replica_tokens)
     busy = asyncio.create_task(eng.generate(p, SamplingParams(max_tokens=200, ignore_eos=True), request_id="rep-busy",
                                             session_id="traj0"))
-    await asyncio.sleep(0.2)
+    await _until_tokens(eng, pins[0], "rep-busy")
     second = await asyncio.gather(*[eng.generate(p + first[i].token_ids, sp, request_id=f"rep-b{i}", session_id=f"traj{i}")
                                     for i in range(8)])
     assert [eng.replica_for(f"traj{i}") for i in range(8)] == pins
@@ -134,9 +145,13 @@ async def test_abort_mode_update_pauses_all_replicas(eng, tok, original):
     p = _prompt(tok)
     v = eng.version
     long = SamplingParams(max_tokens=900, ignore_eos=True)
+    for r in eng.replicas:
+        await r.__ray_call__.remote(count_replica_tokens)
     tasks = [asyncio.create_task(eng.generate(p, long, request_id=f"rep-ab{i}", session_id=f"ab{i}")) for i in range(2)]
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(0)  # routed
     assert {eng.replica_for("ab0"), eng.replica_for("ab1")} == {0, 1}
+    for i in range(2):  # both requests are mid-generation: some tokens out, far from 900
+        await _until_tokens(eng, eng.replica_for(f"ab{i}"), f"rep-ab{i}")
     try:
         await eng.update_weights(_perturbed(original, seed=12), v + 1)
         gens = await asyncio.wait_for(asyncio.gather(*tasks), 120)
@@ -204,7 +219,7 @@ async def test_trainer_broadcast_through_vllm_weight_transfer(eng, tok, original
 
 
 async def test_trajectory_moving_to_another_replica_keeps_exact_versions(eng, tok, original):
-    """A replica dies while a trajectory's turn runs on it: the turn is retried on the other replica (nothing of
+    """A replica dies while a trajectory's turn is on it: the turn is retried on the other replica (nothing of
     the lost request was returned) and every token keeps the version of the replica that made it. Updates go on
     with the survivor. (Kills a replica: the last test of this module.)"""
     import ray
@@ -217,9 +232,15 @@ async def test_trajectory_moving_to_another_replica_keeps_exact_versions(eng, to
     await eng.update_weights(_perturbed(original, seed=14), v0 + 1)
     pid = ray.get(eng.replicas[home].node_info.remote())["pid"]
     children = _children(pid)
+    # The home replica is frozen (keep mode) before the turn reaches it, so the turn cannot finish there before the
+    # kill lands, however fast the machine.
+    await eng.replicas[home].pause.remote("keep")
     turn2_task = asyncio.create_task(eng.generate(p + turn1.token_ids, SamplingParams(max_tokens=300, ignore_eos=True),
                                                   request_id="mv-2", session_id="mv"))
-    await asyncio.sleep(1.0)
+    while eng._where.get("mv-2") != home and not turn2_task.done():  # routed (the router picks before its first await)
+        await asyncio.sleep(0)
+    await eng.replicas[home].node_info.remote()  # an actor runs one caller's calls in order: generate has started
+    assert not turn2_task.done()
     ray.kill(eng.replicas[home], no_restart=True)
     try:
         turn2 = await asyncio.wait_for(turn2_task, 180)

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.inference.base import SamplingParams
+from agentrl.testing.engine_probe import TokenProbe
 
 pytestmark = pytest.mark.engine
 
@@ -78,8 +79,10 @@ async def test_abort_mode_returns_partial_tokens_with_old_version(engine, origin
     prompt = tok.apply_chat_template([{"role": "user", "content": "Count."}], add_generation_prompt=True, tokenize=True,
                                      return_dict=False)
     v_old = engine.version
-    task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=1500, ignore_eos=True), request_id="ws-abort"))
-    await asyncio.sleep(1.0)
+    with TokenProbe(engine, "ws-abort") as probe:
+        task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=1500, ignore_eos=True),
+                                                   request_id="ws-abort"))
+        await probe.wait()  # some tokens in, far from 1500
     await engine.update_weights(_perturbed(original, seed=2), v_old + 1, pause_mode="abort")
     try:
         gen = await asyncio.wait_for(task, 60)
@@ -98,8 +101,10 @@ async def test_keep_mode_request_spans_the_update(engine, original, tok):
                                      return_dict=False)
     v_old = engine.version
     n = 1200
-    task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=n, ignore_eos=True), request_id="ws-keep"))
-    await asyncio.sleep(1.0)
+    with TokenProbe(engine, "ws-keep") as probe:
+        task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=n, ignore_eos=True),
+                                                   request_id="ws-keep"))
+        await probe.wait()  # some tokens of the old version in, far from n
     assert not task.done()
     await engine.update_weights(_perturbed(original, seed=3), v_old + 1, pause_mode="keep")
     try:

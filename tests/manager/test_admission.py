@@ -74,6 +74,28 @@ def test_select_batch_is_earliest_deadline_first_and_waits_only_when_it_must():
     assert Admission(None, 4).select_batch(["d1", "a0"], {0: 1}, 1, 9, admitted) == ["d1"]
 
 
+def test_a_streamed_step_plans_with_the_steps_capacity_and_waits_only_where_the_whole_batch_would():
+    """A streamed step takes its n groups one at a time; deadlines are still planned with n per step (a plan with
+    one group per step made it wait for stragglers that the whole-batch step leaves for the next step)."""
+    adm = Admission(alpha=2, batch_size=4)  # n = 2 groups per step
+    key = {"a0": (0, 0), "b0": (0, 1), "c1": (1, 2), "d1": (1, 3), "e1": (1, 4)}
+    admitted = key.__getitem__
+    # step 1: two groups admitted at 0 still run (due at 2), c1 and d1 finished (due at 3). This step and the next
+    # hold 4 groups: nothing has to wait, the whole batch is c1, d1 ...
+    assert adm.select_batch(["c1", "d1"], {0: 2}, 2, 1, admitted) == ["c1", "d1"]
+    # ... and so are the two parts of the streamed step, without waiting
+    assert adm.select_batch(["c1", "d1"], {0: 2}, 2, 1, admitted, want=1) == ["c1"]
+    assert adm.select_batch(["d1"], {0: 2}, 2, 1, admitted, taken=1, want=1) == ["d1"]
+    # where the whole batch waits, so does the streamed step: three running groups due at 2 need one slot now
+    assert adm.select_batch(["c1", "d1"], {0: 3}, 2, 1, admitted) is None
+    assert adm.select_batch(["c1", "d1"], {0: 3}, 2, 1, admitted, want=1) == ["c1"]  # a part that leaves room
+    assert adm.select_batch(["d1"], {0: 3}, 2, 1, admitted, taken=1, want=1) is None  # the last slot: wait
+    # a finished due group is taken first, whatever its place in completion order
+    assert adm.select_batch(["c1", "e1", "a0"], {0: 1}, 2, 2, admitted, want=1) == ["a0"]
+    # the step is full: nothing more
+    assert adm.select_batch(["c1"], {}, 2, 1, admitted, taken=2, want=1) is None
+
+
 # ------------------------------------------------------------------------------------------------ the model
 @dataclass
 class _G:

@@ -276,8 +276,11 @@ async def test_admission_bound_holds_under_a_moving_version():
                 m.set_version(consumed // B)
             if consumed >= 5 * B:
                 break
-        # the consumer stops: production must stall at (alpha + v + 1) * B accepted + running
-        await asyncio.sleep(0.3)
+        # the consumer stops: production must stall at (alpha + v + 1) * B accepted + running (once the running
+        # episodes finished, however long that takes on a loaded machine)
+        bound, t_end = (alpha + 5 + 1) * B, time.monotonic() + 60
+        while (m.metrics()["running"] or m.metrics()["accepted"] < bound) and time.monotonic() < t_end:
+            await asyncio.sleep(0.01)
         met = m.metrics()
         await m.stop()
     assert not pol.violations, pol.violations[:5]

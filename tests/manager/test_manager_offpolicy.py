@@ -70,7 +70,9 @@ async def test_stale_replacements_are_charged_to_the_group_budget():
     specs = [EpisodeSpec(SLEEP, {"turns": 50, "step_latency": 0.01}, seed=i, group_id=f"task{i}") for i in range(2)]
     async with EnvManager(cfg, pol) as m:
         m.start(specs)
-        for _ in range(40):  # every episode goes stale before it can finish
+        end = asyncio.get_running_loop().time() + 60
+        while m.metrics()["failed_groups"] < 2:  # every episode goes stale before it can finish (50 turns)
+            assert asyncio.get_running_loop().time() < end, m.metrics()
             await asyncio.sleep(0.03)
             pol.current_version += 1
             m.set_version(pol.current_version)
@@ -115,7 +117,9 @@ async def test_restore_continues_admission_without_a_burst():
     async with EnvManager(cfg, pol) as m:
         m.restore(version=10, accepted=40)  # resumed at step 10 with B = 4
         m.start(specs)
-        await asyncio.sleep(0.2)
+        while m.metrics()["started"] < 4:  # the batch admission allows, however slowly the workers start
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # a burst would have started more by now
         started = m.metrics()["started"]
         await m.stop()
     assert started == 4  # one batch, as at step 0 (a fresh counter would have admitted 44)

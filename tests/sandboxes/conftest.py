@@ -7,8 +7,11 @@ ends by checking that none of them is left.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
+import time
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +98,37 @@ LIST_PROCS = (
     'for d in /proc/[0-9]*; do [ "${d#/proc/}" = "$$" ] && continue; '
     'c=$(tr "\\0" " " < $d/cmdline 2>/dev/null); [ -n "$c" ] && echo "${d#/proc/}: $c"; done; true'
 )
+
+
+async def leftovers(sb, needle: str) -> list[str]:
+    """Processes of the sandbox whose command line contains ``needle``: seen from inside for docker (one PID
+    namespace per container), from the host through the sandbox's cgroup for bwrap (one PID namespace per exec)."""
+    if sb.backend == "docker":
+        out = (await sb.exec(LIST_PROCS, timeout=20)).output
+        return [ln for ln in out.splitlines() if needle in ln]
+    found = []
+    for pid in sb.cgroup.pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+async def until_gone(sb, needle: str, timeout: float = 30.0) -> list[str]:
+    """Waits until no process of the sandbox matches ``needle`` (killing a tree takes a moment, longer on a loaded
+    machine); returns what is left after ``timeout`` seconds (empty: all gone)."""
+    deadline = time.monotonic() + timeout
+    while (left := await leftovers(sb, needle)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return left
+
+
+async def until_running(sb, needle: str, timeout: float = 60.0) -> None:
+    """Waits until a process of the sandbox matches ``needle`` (a command that was started is running)."""
+    deadline = time.monotonic() + timeout
+    while not await leftovers(sb, needle):
+        assert time.monotonic() < deadline, f"no process {needle!r} in the sandbox after {timeout} s"
+        await asyncio.sleep(0.05)

@@ -11,6 +11,7 @@ import json
 import sys
 
 from agentrl.sandboxes import SandboxSpec, create_sandbox
+from conftest import until_running  # (this script's directory is on sys.path)
 
 
 async def main(run: str, ttl: float, backends: list[str], mode: str) -> None:
@@ -22,7 +23,8 @@ async def main(run: str, ttl: float, backends: list[str], mode: str) -> None:
             ).start()
             boxes.append(sb)
     tasks = [asyncio.create_task(sb.exec("sleep 1000", timeout=900)) for sb in boxes]
-    await asyncio.sleep(1.0)  # the commands are running
+    for sb in boxes:  # the commands are running (however long a loaded machine takes to start them)
+        await until_running(sb, "sleep 1000")
     info = [{"backend": sb.backend, "id": sb.id, "container": getattr(sb, "container_id", None),
              "state_dir": str(getattr(sb, "state_dir", ""))} for sb in boxes]
     print("READY " + json.dumps(info), flush=True)

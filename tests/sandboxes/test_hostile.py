@@ -27,26 +27,9 @@ import pytest
 from agentrl.sandboxes import FileTooLarge, SandboxError, SandboxPool, SandboxSpec, create_sandbox, sweep
 from agentrl.sandboxes.base import state_root
 
-from .conftest import BASE, BUSYBOX, LIST_PROCS, require_backend, unavailable
+from .conftest import BASE, BUSYBOX, LIST_PROCS, leftovers, require_backend, unavailable, until_gone, until_running
 
 DRIVER = Path(__file__).with_name("sandbox_driver.py")
-
-
-async def leftovers(sb, needle: str) -> list[str]:
-    """Processes of the sandbox whose command line contains ``needle``: seen from inside for docker (one PID
-    namespace per container), from the host through the sandbox's cgroup for bwrap (one PID namespace per exec)."""
-    if sb.backend == "docker":
-        out = (await sb.exec(LIST_PROCS, timeout=20)).output
-        return [ln for ln in out.splitlines() if needle in ln]
-    found = []
-    for pid in sb.cgroup.pids():
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmd:
-            found.append(f"{pid}: {cmd}")
-    return found
 
 
 # (1) a command's tree dies with it ---------------------------------------------------------------------------------
@@ -57,8 +40,8 @@ async def test_setsid_env_i_children_die_when_the_command_returns(busybox_spec):
             "setsid env -i sleep 1021 </dev/null >/dev/null 2>&1 & "
             "(setsid env -i sh -c 'sleep 1022' </dev/null >/dev/null 2>&1 &); echo started", timeout=30)
         assert res.ok and res.output == "started\n" and time.monotonic() - t0 < 10
-        await asyncio.sleep(0.3)
-        assert not await leftovers(sb, "sleep 102"), await leftovers(sb, "sleep 102")
+        left = await until_gone(sb, "sleep 102")  # (a tree takes a moment to die on a loaded machine)
+        assert not left, left
 
 
 async def test_killing_the_reaper_does_not_disable_the_timeout(busybox_spec):
@@ -79,8 +62,8 @@ async def test_killing_the_reaper_does_not_disable_the_timeout(busybox_spec):
         assert (res.timed_out and res.exit_code == 124) or res.exit_code == 137, res
         assert "planted" in res.output or not res.timed_out  # bwrap: the wrapper's death may end all at once
         assert elapsed < 2 + 6, elapsed  # the timeout, not a grace period of the driver
-        await asyncio.sleep(0.3)
-        assert not await leftovers(sb, "sleep 103"), await leftovers(sb, "sleep 103")
+        left = await until_gone(sb, "sleep 103")  # (a tree takes a moment to die on a loaded machine)
+        assert not left, left
         assert (await sb.exec("echo usable", timeout=20)).output == "usable\n"
 
 
@@ -200,9 +183,10 @@ async def test_bwrap_secrets_stay_off_command_lines_and_host_env_stays_out():
     token = f"s3cret-{secrets.token_hex(8)}"
     spec = SandboxSpec(backend="bwrap", image=BUSYBOX, ttl_s=60, env={"API_TOKEN": token})
     async with create_sandbox(spec) as sb:
-        task = asyncio.create_task(sb.exec("sleep 3; echo $API_TOKEN $EXEC_TOKEN", timeout=20,
-                                           env={"EXEC_TOKEN": token + "-exec"}))
-        await asyncio.sleep(1.0)
+        # held until the test has looked at every command line (the file "go" in the work dir releases it)
+        task = asyncio.create_task(sb.exec("until [ -e go ]; do sleep 0.05; done; echo $API_TOKEN $EXEC_TOKEN",
+                                           timeout=120, env={"EXEC_TOKEN": token + "-exec"}))
+        await until_running(sb, "until [ -e go ]")
         seen = []
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
@@ -211,6 +195,7 @@ async def test_bwrap_secrets_stay_off_command_lines_and_host_env_stays_out():
                         seen.append(d.name)
                 except OSError:
                     pass
+        assert (await sb.exec("touch go", timeout=20)).ok
         res = await task
         assert res.output.split() == [token, token + "-exec"]  # the env still arrives
         assert not seen, f"the secret is on the command line of host processes {seen}"
@@ -371,6 +356,6 @@ async def test_docker_exec_groups_in_the_v1_freezer(monkeypatch):
         res = await sb.exec("setsid env -i sleep 1052 </dev/null >/dev/null 2>&1 & "
                             "(while :; do sleep 1053 & done) 2>/dev/null & exec sleep 1054", timeout=2)
         assert res.timed_out and time.monotonic() - t0 < 8, res
-        await asyncio.sleep(0.3)
-        assert not await leftovers(sb, "sleep 105")
+        left = await until_gone(sb, "sleep 105")
+        assert not left, left
         assert not sb.groups.groups()  # every exec group was removed

@@ -17,7 +17,7 @@ import pytest
 from agentrl.sandboxes import SandboxError, SandboxSpec, create_sandbox
 from agentrl.sandboxes.base import state_root
 
-from .conftest import unavailable
+from .conftest import unavailable, until_gone, until_running
 
 
 def _host_ips() -> list[str]:
@@ -136,7 +136,7 @@ def _kill_backing(sb) -> None:
 async def test_dead_sandbox_raises_sandbox_error_not_hang(busybox_spec):
     async with create_sandbox(busybox_spec) as sb:
         task = asyncio.create_task(sb.exec("sleep 100", timeout=60))
-        await asyncio.sleep(1.0)
+        await until_running(sb, "sleep 100")
         _kill_backing(sb)
         t0 = time.monotonic()
         with pytest.raises(SandboxError, match="killed|not running|no longer exists"):
@@ -188,17 +188,14 @@ async def test_stop_removes_everything(busybox_spec):
 
 
 async def test_cancelled_exec_leaves_nothing_running(busybox_spec):
-    from .conftest import LIST_PROCS
-
     async with create_sandbox(busybox_spec) as sb:
-        task = asyncio.create_task(sb.exec("sleep 1007", timeout=3))
-        await asyncio.sleep(0.5)
+        task = asyncio.create_task(sb.exec("sleep 1007", timeout=10))
+        await until_running(sb, "sleep 1007")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(3.5)  # the in-sandbox timeout still fires for the abandoned command
-        procs = (await sb.exec(LIST_PROCS, timeout=10)).output
-        assert "sleep 1007" not in procs, procs
+        left = await until_gone(sb, "sleep 1007", 60)  # the in-sandbox timeout (10 s) still fires for it
+        assert not left, left
 
 
 def test_spec_validation_names_the_field():
