@@ -190,3 +190,23 @@ def test_modules_and_classes_stay_small():
                     long.append(f"{module}.{node.name}: class of {n} lines")
     assert not long, ("split these where their invariants differ, or say in the docstring why each is one idea "
                       f"('{WHY} ...'):\n" + "\n".join(long))
+
+
+def test_old_import_paths_keep_working_and_name_the_new_place():
+    import importlib
+    import sys
+    import warnings
+
+    from agentrl._moved import MOVED
+
+    for old, new in MOVED.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mod = importlib.import_module(old)
+        assert mod is importlib.import_module(new), old
+        assert any(new in str(w.message) and w.category is DeprecationWarning for w in caught), old
+    from agentrl.pipeline import TrainConfig, train  # the README's and examples' old spelling
+
+    from agentrl.controller import TrainConfig as T2, train as t2
+    assert (TrainConfig, train) == (T2, t2)
