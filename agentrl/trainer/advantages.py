@@ -158,9 +158,13 @@ def compute_advantages(
 
 
 def as_advantage(a: Any) -> Advantage:
-    """A caller's advantage as a float or a list of floats (what crosses to the ranks); raises ``TypeError``."""
-    if isinstance(a, (list, tuple)):
-        return [float(x) for x in a]
-    if hasattr(a, "tolist") and getattr(a, "ndim", 0) == 1:
-        return [float(x) for x in a.tolist()]
-    return float(a)
+    """A caller's advantage (a number, or a list, tuple or 1-D array of per-turn values) as a float or a list of
+    floats, what crosses to the ranks. Raises ``ValueError`` for anything else."""
+    try:
+        if isinstance(a, (list, tuple)):
+            return [float(x) for x in a]
+        if hasattr(a, "tolist") and getattr(a, "ndim", 0) == 1:
+            return [float(x) for x in a.tolist()]
+        return float(a)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"an advantage must be a number or a list of per-turn numbers, got {a!r:.80}") from e

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agentrl.trainer.advantages import token_advantages
+from agentrl.trainer.advantages import as_advantage, token_advantages
 from agentrl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -98,9 +98,9 @@ def prepare_sequences(
             bad = [x for x in t.token_ids if not 0 <= x < vocab_size]
             if bad:
                 raise ValueError(f"trajectory {t.id}: token id {bad[0]} outside vocabulary [0, {vocab_size})")
-            raw = 0.0 if advantages is None else advantages[i]
-            per_token = token_advantages(t, raw) if isinstance(raw, (list, tuple)) else None
-            adv = 0.0 if per_token is not None else float(raw)  # type: ignore[arg-type]
+            raw = 0.0 if advantages is None else as_advantage(advantages[i])
+            per_token = token_advantages(t, raw) if isinstance(raw, list) else None
+            adv = 0.0 if isinstance(raw, list) else raw
             if not math.isfinite(adv) or not math.isfinite(float(t.reward)):
                 raise ValueError(f"trajectory {t.id}: non-finite advantage {adv} or reward {t.reward}")
             behav = [float(x) for x in t.logprobs]

@@ -72,6 +72,9 @@ def test_batches_carry_per_target_advantages_and_keep_scalar_rows_scalar() -> No
     # a list of the wrong length drops that trajectory only, counted
     seqs, info = prepare_sequences([a, b], [[1.0], 1.5], vocab_size=VOCAB, max_seq_len=None)
     assert info["batch/dropped_invalid"] == 1 and [s.traj_id for s in seqs] == ["b"]
+    # per-turn values as an array are accepted; an advantage that is neither a number nor a list drops its trajectory
+    seqs, info = prepare_sequences([a, b], [torch.tensor([0.5, -2.0]), "x"], vocab_size=VOCAB, max_seq_len=None)
+    assert info["batch/dropped_invalid"] == 1 and seqs[0].adv.tolist()[2:4] == [0.5, 0.5]
     # segments: each segment gets its own slice of the per-token advantages
     s = multi_turn("s", "g", [("fixed", [1]), ("gen", [2, 3]), ("fixed", [10, 11]), ("gen", [4, 5])],
                    segments=[3, 4])
