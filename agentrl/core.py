@@ -5,6 +5,18 @@ messages: ``reset`` returns the conversation's opening messages and ``step`` ret
 Envs are async-first: the manager drives ``areset``/``astep``/``aclose``. A sync-only env inherits async methods
 that run its sync methods in a bounded thread pool, never on the event loop; an env that does real I/O (sandboxes,
 HTTP tools) overrides the async methods natively.
+
+Rewards. ``step``'s ``reward`` is the *per-step* reward of that action; the manager records one per step in
+``Trajectory.rewards``. The episode's reward (``Trajectory.reward``, what trajectory-level advantages use) is their
+sum, unless the last step's ``info["episode_reward"]`` gives it (a final score that is not a sum). An env whose
+reward is earned over several turns reports the intermediate rewards per step, which the turn-level advantage
+estimators use (``trainer.advantage.estimator: turn_return | gigpo``, :mod:`agentrl.trainer.turn_credit`).
+
+State keys (for ``gigpo``). An env that can tell when two episodes of a group reach the same state reports, in the
+``info`` of every ``step``, ``"state_keys"``: the list so far of the keys of the states each action was taken in
+(entry 0: the state after ``reset``; after step ``k``, ``k + 1`` entries). Keys are strings, numbers or JSON values
+compared by value; ``None`` means "no key". The list is cumulative because the manager keeps only the last step's
+``info`` (``Trajectory.info``), which is where the trainer reads it.
 """
 
 from __future__ import annotations

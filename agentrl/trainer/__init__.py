@@ -14,6 +14,7 @@ _EXPORTS = {
     "AdvantageConfig": "agentrl.trainer.config",
     "compute_advantages": "agentrl.trainer.advantages",
     "group_advantages": "agentrl.trainer.advantages",
+    "filter_groups": "agentrl.trainer.dynamic_sampling",
     "policy_loss": "agentrl.trainer.losses",
     "Trainer": "agentrl.trainer.trainer",
     "find_latest_checkpoint": "agentrl.trainer.checkpoint",

@@ -51,7 +51,7 @@ class TrainerWorker:
         return self.trainer.optimizer_steps
 
     def train_step(
-        self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float] | None = None,
+        self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float | list[float]] | None = None,
         positions: Sequence[int] | None = None,
     ) -> dict[str, float]:
         return self.trainer.train_step(batch, advantages, positions=positions)
@@ -67,7 +67,7 @@ class TrainerWorker:
         self.trainer.start_step()
 
     def accumulate(
-        self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float] | None = None
+        self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float | list[float]] | None = None
     ) -> dict[str, float]:
         return self.trainer.accumulate(batch, advantages)
 

@@ -18,6 +18,11 @@ kept (``src`` indexes them), which is all the log-prob head ever sees: padding c
 Per-target tensors the loss reads (mask, behavior/proximal/reference log-probs) stay padded ``[b, T]`` with
 ``T = max n_i - 1``; :meth:`MicroBatch.scatter` places flat ``[N]`` values there.
 
+Advantages. A trajectory's advantage is a scalar (``Seq.adv`` a float; ``MicroBatch.adv`` ``[b]``, broadcast by
+the loss: exactly the trajectory-level path) or one value per turn, spread over the turn's generated tokens
+(:func:`agentrl.trainer.advantages.token_advantages`; ``Seq.adv`` then a ``[n-1]`` per-target tensor). A micro-batch
+with any per-token sequence carries ``adv [b, T]``, scalar rows filled with their value.
+
 Segments. A trajectory recorded as several segments (template mode ``split``, a gateway session whose harness
 rewrote history) gives one sequence per segment, each in its own context, all with the trajectory's ``unit``. The
 segments of a trajectory always share a micro-batch (and so a mini-batch and a rank), and
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agentrl.trainer.advantages import as_advantage, token_advantages
 from agentrl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -48,7 +54,7 @@ class Seq:
     mask: Tensor  # [n-1] float, loss mask of the targets
     behav: Tensor  # [n-1] float, engine log-probs of the targets (0 where mask is 0)
     versions: Tensor  # [n-1] long, -1 on non-generated targets
-    adv: float
+    adv: float | Tensor  # scalar, or [n-1] per target (per-turn advantages; see module docstring)
     reward: float
     traj_id: str = ""
     # The trajectory this sequence is a segment of (its index in the batch): the segments of one trajectory share
@@ -68,11 +74,12 @@ class Seq:
 
 
 def prepare_sequences(
-    trajectories: Sequence[Trajectory], advantages: Sequence[float] | None, *, vocab_size: int,
+    trajectories: Sequence[Trajectory], advantages: Sequence[float | Sequence[float]] | None, *, vocab_size: int,
     max_seq_len: int | None, positions: Sequence[int] | None = None,
 ) -> tuple[list[Seq], dict[str, float]]:
     """Validates and tensorises a batch. Invalid trajectories (misaligned fields, token ids outside the vocabulary,
-    fewer than 2 tokens, non-finite advantage/reward/behavior log-prob) are dropped with a warning and counted in
+    fewer than 2 tokens, non-finite advantage/reward/behavior log-prob, a per-turn advantage list whose length is
+    not the number of generated turns) are dropped with a warning and counted in
     ``batch/dropped_invalid``; trajectories longer than ``max_seq_len`` lose their tail (``batch/truncated_seqs``).
     Each sequence's ``unit`` is its trajectory's index in the batch, or ``positions[i]`` when given (a shard's
     indices in the whole batch). Returns ``(seqs, info)``; raises ``ValueError`` if nothing trainable remains or
@@ -91,7 +98,9 @@ def prepare_sequences(
             bad = [x for x in t.token_ids if not 0 <= x < vocab_size]
             if bad:
                 raise ValueError(f"trajectory {t.id}: token id {bad[0]} outside vocabulary [0, {vocab_size})")
-            adv = 0.0 if advantages is None else float(advantages[i])
+            raw = 0.0 if advantages is None else as_advantage(advantages[i])
+            per_token = token_advantages(t, raw) if isinstance(raw, list) else None
+            adv = 0.0 if isinstance(raw, list) else raw
             if not math.isfinite(adv) or not math.isfinite(float(t.reward)):
                 raise ValueError(f"trajectory {t.id}: non-finite advantage {adv} or reward {t.reward}")
             behav = [float(x) for x in t.logprobs]
@@ -117,7 +126,8 @@ def prepare_sequences(
                 mask=torch.tensor(lm, dtype=torch.float32),
                 behav=torch.tensor([x if m else 0.0 for x, m in zip(behav[a + 1:a + n], lm)], dtype=torch.float32),
                 versions=torch.tensor(t.versions[a + 1:a + n], dtype=torch.long),
-                adv=adv, reward=float(t.reward), traj_id=str(t.id), unit=unit,
+                adv=adv if per_token is None else torch.tensor(per_token[a + 1:a + n], dtype=torch.float32),
+                reward=float(t.reward), traj_id=str(t.id), unit=unit,
             ))
     if not seqs:
         raise ValueError(f"no trainable trajectory in a batch of {len(trajectories)} ({dropped} invalid)")
@@ -267,11 +277,19 @@ def collate(seqs: list[Seq], device: torch.device, *, packing: bool = False) -> 
         src=src.to(device), targets=targets.to(device), rows=rows.to(device), cols=cols.to(device),
         mask=pad_rows([s.mask for s in seqs], T, 0.0, torch.float32).to(device),
         behav=pad_rows([s.behav for s in seqs], T, 0.0, torch.float32).to(device),
-        adv=torch.tensor([s.adv for s in seqs], dtype=torch.float32, device=device),
+        adv=_adv(seqs, T).to(device),
         reward=torch.tensor([s.reward for s in seqs], dtype=torch.float32, device=device),
         prox=opt("prox"), ref=opt("ref"),
         num_tokens=sum(lengths), seq_index=_seq_index(seqs, device),
     )
+
+
+def _adv(seqs: list[Seq], T: int) -> Tensor:
+    """``[b]`` when every sequence has a scalar advantage (the trajectory-level path, unchanged), else ``[b, T]``."""
+    if all(not isinstance(s.adv, Tensor) for s in seqs):
+        return torch.tensor([float(s.adv) for s in seqs], dtype=torch.float32)
+    rows = [s.adv if isinstance(s.adv, Tensor) else torch.full((s.length - 1,), float(s.adv)) for s in seqs]
+    return pad_rows(rows, T, 0.0, torch.float32)
 
 
 def _seq_index(seqs: list[Seq], device: torch.device) -> Tensor | None:

@@ -17,7 +17,9 @@ LossName = Literal["ppo", "decoupled_ppo", "tis", "cispo", "topr", "gspo"]
 ISLevel = Literal["token", "sequence", "geometric"]
 Aggregation = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
 KLEstimator = Literal["k1", "k2", "k3"]
-AdvantageEstimator = Literal["grpo", "grpo_no_std", "rloo"]
+AdvantageEstimator = Literal["grpo", "grpo_no_std", "rloo", "turn_return", "gigpo"]
+# Estimators that return one advantage per turn (agentrl/trainer/turn_credit.py) rather than per trajectory.
+TURN_ESTIMATORS: frozenset[str] = frozenset({"turn_return", "gigpo"})
 
 # Losses whose importance weight / ratio involves the engine's behavior log-probs.
 LOSSES_USING_BEHAVIOR: frozenset[str] = frozenset({"decoupled_ppo", "tis", "cispo", "topr"})
@@ -148,19 +150,30 @@ class LossConfig:
 
 @dataclass
 class AdvantageConfig:
-    """Group-relative advantages from each trajectory's final ``reward``.
+    """Group-relative advantages (formulas, and the bias argument for the turn-level ones, in
+    ``agentrl/trainer/advantages.py`` and ``agentrl/trainer/turn_credit.py``).
 
-    ``grpo``: ``(R_i - mean_g R) / (std_g R + eps)``; ``grpo_no_std``: ``R_i - mean_g R``; ``rloo``:
-    ``R_i - mean_{j != i} R_j``. ``std_unbiased`` picks the sample (n-1) or population (n) standard deviation.
+    Per trajectory, from its final ``reward``: ``grpo``: ``(R_i - mean_g R) / (std_g R + eps)``; ``grpo_no_std``:
+    ``R_i - mean_g R``; ``rloo``: ``R_i - mean_{j != i} R_j``. Per turn, from the per-step rewards:
+    ``turn_return`` (discounted return-to-go minus a leave-one-out baseline at the same turn index over all members)
+    and ``gigpo`` (episode-level GRPO plus ``step_weight`` times a GRPO over the turns taken from the same env
+    state). ``std_unbiased`` picks the sample (n-1) or population (n) standard deviation; ``gamma`` in [0, 1] is
+    the discount of the turn-level returns; ``step_weight`` >= 0 is GiGPO's weight of the step-level term.
     """
 
     estimator: AdvantageEstimator = "grpo"
     eps: float = 1e-6
     std_unbiased: bool = True
+    gamma: float = 1.0
+    step_weight: float = 1.0
 
     def validate(self) -> None:
         if not self.eps >= 0:
             raise ValueError(f"advantage.eps must be >= 0, got {self.eps}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"advantage.gamma must be in [0, 1], got {self.gamma}")
+        if not (self.step_weight >= 0 and math.isfinite(self.step_weight)):
+            raise ValueError(f"advantage.step_weight must be a finite number >= 0, got {self.step_weight}")
 
 
 @dataclass

@@ -177,18 +177,19 @@ class TrainerGroup:
         return self._call(method, ranks=ranks, args=args, kwargs=kwargs)
 
     def _sharded(self, method: str, batch: Sequence[Trajectory] | Sequence[Group],
-                 advantages: Sequence[float] | None, combine: Any = _first, *, positions: bool = False) -> GroupCall:
+                 advantages: Sequence[float | list[float]] | None, combine: Any = _first, *,
+                 positions: bool = False) -> GroupCall:
         """Sends each rank its shard. With ``positions`` (``train_step``) the batch is first cut into the single
         trainer's ``num_mini_batches`` consecutive parts and each part is sharded, so that every mini-batch is
         shared out between the ranks; each rank also gets its trajectories' indices in the whole batch, from which
         the ranks cut the exact same mini-batches (:meth:`PolicyStep._mini_batches`)."""
-        from agentrl.trainer.advantages import compute_advantages
+        from agentrl.trainer.advantages import as_advantage, compute_advantages
         from agentrl.trainer.batching import even_parts
 
         trajs = _flatten(batch)
         if advantages is None:
             advantages = compute_advantages(batch, self.config.advantage)  # type: ignore[arg-type]
-        advs = [float(a) for a in advantages]
+        advs = [as_advantage(a) for a in advantages]
         if len(advs) != len(trajs):
             raise ValueError(f"got {len(advs)} advantages for {len(trajs)} trajectories")
         shards: list[list[int]] = [[] for _ in range(self.world_size)]
@@ -215,7 +216,7 @@ class TrainerGroup:
         return self._call("pid", combine=list)
 
     def _train_step(self, batch: Sequence[Trajectory] | Sequence[Group],
-                    advantages: Sequence[float] | None = None) -> GroupCall:
+                    advantages: Sequence[float | list[float]] | None = None) -> GroupCall:
         if not _flatten(batch):
             raise ValueError("train_step got an empty batch")
         return self._sharded("train_step", batch, advantages, positions=True)
@@ -258,7 +259,7 @@ class TrainerGroup:
         return self._all("start_step")
 
     def _accumulate(self, batch: Sequence[Trajectory] | Sequence[Group],
-                    advantages: Sequence[float] | None = None) -> GroupCall:
+                    advantages: Sequence[float | list[float]] | None = None) -> GroupCall:
         trajs = _flatten(batch)
         if not trajs:
             raise ValueError("accumulate got an empty batch")

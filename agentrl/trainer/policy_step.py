@@ -95,7 +95,8 @@ class PolicyStep:
         return comm_seconds()
 
     # ------------------------------------------------------------------------------------------ feeding
-    def add(self, batch: Sequence[Trajectory] | Sequence[Group], advantages: Sequence[float] | None = None,
+    def add(self, batch: Sequence[Trajectory] | Sequence[Group],
+            advantages: Sequence[float | list[float]] | None = None,
             positions: Sequence[int] | None = None) -> dict[str, float]:
         """Adds whole groups (or trajectories with advantages) to the step; eager steps run their forward and
         backward now. Invalid trajectories are dropped and counted (``batch/dropped_invalid``), a whole group of
@@ -139,7 +140,7 @@ class PolicyStep:
         return {"accumulate/seqs": float(len(seqs)), "accumulate/loss_tokens": float(sum(s.loss_tokens for s in seqs)),
                 "accumulate/s": time.perf_counter() - t0}
 
-    def _prepare(self, trajs: list[Trajectory], advantages: Sequence[float] | None,
+    def _prepare(self, trajs: list[Trajectory], advantages: Sequence[float | list[float]] | None,
                  positions: Sequence[int] | None) -> tuple[list[Seq], dict[str, float]]:
         """Validated, tensorised sequences of this worker's part of the batch (see ``prepare_sequences``); an
         untrainable part gives none (counted as dropped). A data-parallel rank may get an empty shard: it still

@@ -107,12 +107,16 @@ def add_batch_stats(sums: StepSums, seqs: Iterable[Seq], version: int) -> None:
     ``reward/{mean,std,min,max}``, ``adv/{mean,std,min,max,zero_frac}``, ``batch/{num_seqs,num_tokens,loss_tokens,
     mean_seq_len}``, ``staleness/{mean,max,hist/<k>}`` (share of loss tokens ``k`` versions old)."""
     for s in seqs:
-        for name, x in (("reward", s.reward), ("adv", s.adv)):
+        # a per-token advantage counts as its mean over the sequence's loss tokens (one value per sequence)
+        per_token = isinstance(s.adv, Tensor)
+        adv = float((s.adv * s.mask).sum() / s.mask.sum().clamp(min=1)) if per_token else float(s.adv)
+        for name, x in (("reward", s.reward), ("adv", adv)):
             sums.add_mean(f"{name}/mean", x, 1.0)
             sums.add_mean(f"\0sq:{name}", x * x, 1.0)
             sums.add_min(f"{name}/min", x)
             sums.add_max(f"{name}/max", x)
-        sums.add_mean("adv/zero_frac", float(abs(s.adv) < 1e-8), 1.0)
+        zero = bool((s.adv.abs() * s.mask).max() < 1e-8) if per_token else abs(adv) < 1e-8
+        sums.add_mean("adv/zero_frac", float(zero), 1.0)
         sums.add_total("batch/num_seqs", 1.0)
         sums.add_total("batch/num_tokens", float(s.length))
         sums.add_mean("batch/mean_seq_len", float(s.length), 1.0)

@@ -251,14 +251,16 @@ class Trainer:
     def train_step(
         self,
         batch: Sequence[Trajectory] | Sequence[Group],
-        advantages: Sequence[float] | None = None,
+        advantages: Sequence[float | list[float]] | None = None,
         *,
         positions: Sequence[int] | None = None,
     ) -> dict[str, float]:
         """One policy update on ``batch`` (trajectories, or groups flattened in order): a
         :class:`~agentrl.trainer.policy_step.PolicyStep` fed the whole batch at once.
 
-        ``advantages``: one per trajectory (aligned with the flattened batch); when ``None`` they are computed with
+        ``advantages``: one per trajectory (aligned with the flattened batch): a float for all its generated tokens,
+        or a list with one value per turn (:func:`~agentrl.trainer.advantages.token_advantages`); when ``None`` they
+        are computed with
         ``config.advantage`` per group (``Group`` objects, or trajectories grouped by ``group_id``). Then
         ``ppo_epochs`` x ``num_mini_batches`` optimizer steps, each normalised over its whole mini-batch and clipped
         to ``max_grad_norm``; one whose loss or gradient norm is not finite, or which has no loss token, is skipped
@@ -287,7 +289,8 @@ class Trainer:
         return self._whole_step(PolicyStep(self, "sft_step", sft=True), list(trajectories), None)
 
     def _whole_step(self, step: PolicyStep, batch: Sequence[Trajectory] | Sequence[Group],
-                    advantages: Sequence[float] | None, positions: Sequence[int] | None = None) -> dict[str, float]:
+                    advantages: Sequence[float | list[float]] | None,
+                    positions: Sequence[int] | None = None) -> dict[str, float]:
         try:
             step.add(batch, advantages, positions)
         except BaseException:
@@ -316,7 +319,7 @@ class Trainer:
         self._stream = PolicyStep(self, "streamed step")
 
     def accumulate(self, batch: Sequence[Trajectory] | Sequence[Group],
-                   advantages: Sequence[float] | None = None) -> dict[str, float]:
+                   advantages: Sequence[float | list[float]] | None = None) -> dict[str, float]:
         """Adds whole groups to the open streamed step: forward and backward per micro-batch, gradients kept
         unnormalised. ``batch`` and ``advantages`` as in :meth:`train_step`; invalid trajectories, even a whole
         group of them, are dropped and counted as :meth:`train_step` drops them. Returns ``accumulate/seqs``,

@@ -17,6 +17,7 @@ import ray
 import torch
 
 from agentrl.inference.placement import ResourceError
+from agentrl.trainer.advantages import turn_spans
 from agentrl.trainer.config import AdvantageConfig, LossConfig, OptimizerConfig, TrainerConfig
 from agentrl.trainer.dp_group import TrainerRankError, create_trainer, shard_by_loss_tokens, stop_trainer
 from agentrl.trainer.trainer import Trainer
@@ -171,6 +172,30 @@ def test_two_ranks_equal_one_trainer_with_two_mini_batches(ray_local, tiny_model
             assert _max_diff(_rank_weights(group, rank), expected) <= 1e-5, rank
         assert m2["optimizer_steps"] == 2 and m2["train/skipped_steps"] == 0
         for key in ("loss", "grad_norm", "batch/loss_tokens", "ratio/clip_frac", "mismatch/kl_k3"):
+            assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+    finally:
+        stop_trainer(group)
+
+
+def test_two_ranks_equal_one_trainer_with_per_turn_advantages(ray_local, tiny_model_dir: Path) -> None:
+    """Per-turn advantage lists cross to the ranks with their trajectories: the sharded step equals one trainer's."""
+    groups = _groups()
+    trajs = [t for g in groups for t in g.trajectories]
+    for t in trajs:  # cut each completion into two turns by one env token
+        cut = t.prompt_len + max(1, (len(t.token_ids) - t.prompt_len) // 2)
+        if cut < len(t.token_ids) - 1:
+            t.loss_mask[cut], t.logprobs[cut], t.versions[cut] = 0, 0.0, -1
+    advs = [[0.3 * (i % 4) - 0.5, 1.0 - 0.2 * i][: len(turn_spans(t))] for i, t in enumerate(trajs)]
+    assert {len(a) for a in advs} == {1, 2}
+    single = Trainer(_cfg(LOSSES["decoupled_ppo"]), tiny_model_dir)
+    m1 = single.train_step(groups, advs)
+    expected = single.state_dict_for_inference(torch.float32)
+    group = create_trainer(_cfg(LOSSES["decoupled_ppo"], world_size=2), tiny_model_dir)
+    try:
+        m2 = group.train_step.remote(groups, advs).result()
+        for rank in (0, 1):
+            assert _max_diff(_rank_weights(group, rank), expected) <= 1e-5, rank
+        for key in ("loss", "grad_norm", "adv/mean", "batch/loss_tokens"):
             assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
     finally:
         stop_trainer(group)
