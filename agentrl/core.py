@@ -12,11 +12,11 @@ sum, unless the last step's ``info["episode_reward"]`` gives it (a final score t
 reward is earned over several turns reports the intermediate rewards per step, which the turn-level advantage
 estimators use (``trainer.advantage.estimator: turn_return | gigpo``, :mod:`agentrl.trainer.turn_credit`).
 
-State keys (for ``gigpo``). An env that can tell when two episodes of a group reach the same state reports, in the
-``info`` of every ``step``, ``"state_keys"``: the list so far of the keys of the states each action was taken in
-(entry 0: the state after ``reset``; after step ``k``, ``k + 1`` entries). Keys are strings, numbers or JSON values
-compared by value; ``None`` means "no key". The list is cumulative because the manager keeps only the last step's
-``info`` (``Trajectory.info``), which is where the trainer reads it.
+State keys (for ``gigpo``). An env that can tell when two episodes of a group reach the same state reports
+``info["state_key"]`` in ``reset`` and in every ``step``: the key of the state the env is in after that call. The
+manager collects them into ``Trajectory.info["state_keys"]`` (entry ``k``: the state turn ``k``'s action was taken
+in), where the trainer reads them. Keys are strings, numbers or JSON values compared by value; ``None`` (or no key)
+means "no key". An env may also report the whole list itself as ``info["state_keys"]`` in its last step.
 """
 
 from __future__ import annotations

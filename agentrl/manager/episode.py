@@ -103,6 +103,7 @@ class EpisodeRunner:
                 env_s += time.perf_counter() - t
             traj.messages.extend(new)
             traj.info = info
+            state_keys = [info.get("state_key")]  # per turn, the state the action is taken in (agentrl.core)
             if "tools" in info:  # the env's tool schemas, for policies that render them (before the first act)
                 meta.tools = info["tools"]  # type: ignore[attr-defined]
             max_turns = spec.max_turns or cfg.max_turns
@@ -137,10 +138,13 @@ class EpisodeRunner:
                 traj.messages.extend(new)
                 traj.num_turns += 1
                 traj.info = info
+                state_keys.append(info.get("state_key"))
                 if terminated or truncated:
                     termination = "terminated" if terminated else "truncated"
                     break
             traj.termination = termination
+            if any(k is not None for k in state_keys) and "state_keys" not in traj.info:
+                traj.info = {**traj.info, "state_keys": state_keys}
             final = traj.info.get("episode_reward") if isinstance(traj.info, dict) else None
             traj.reward = float(final) if isinstance(final, (int, float)) and not isinstance(final, bool) else float(sum(traj.rewards))
         except asyncio.CancelledError:

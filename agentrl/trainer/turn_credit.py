@@ -34,8 +34,8 @@ term compares actions taken from one state, so its baseline depends on the state
 state-dependent baseline); its std normalisation, like GRPO's, rescales per group.
 
 State keys: the trainer reads ``Trajectory.info["state_keys"]``, a list with one key per turn: the key of the state
-the turn's action was taken in (turn 0: the state after reset). Today the manager keeps the *last* step's info as
-``Trajectory.info``, so an env reports the cumulative list in every ``step``'s info (see :mod:`agentrl.core`).
+the turn's action was taken in (turn 0: the state after reset). The manager collects them from the
+``info["state_key"]`` an env reports in ``reset`` and every ``step`` (see :mod:`agentrl.core`).
 Keys are compared by value (strings and numbers as they are; other JSON values by their canonical JSON text).
 """
 

@@ -398,3 +398,24 @@ async def test_reset_info_tools_reach_the_policy_meta_before_the_first_act():
     async with EnvManager(ManagerConfig(), P()) as m:
         (t,) = await m.run_episodes([EpisodeSpec("agentrl.testing.manager_envs:ToolsEnvForTest", {"turns": 1})])
     assert t.termination == "terminated" and seen == [[{"name": "calc"}]]
+
+
+async def test_state_keys_reported_per_step_are_collected_for_the_trainer():
+    """An env's info["state_key"] of reset and of every step becomes Trajectory.info["state_keys"] (one per turn's
+    starting state, then the final state), what gigpo's step groups read."""
+    import agentrl
+    from agentrl.core import Env
+
+    class Walk(Env):
+        def reset(self, *, seed=None, options=None):
+            self.pos = 0
+            return "start", {"state_key": self.pos}
+
+        def step(self, action):
+            self.pos += 1
+            return "moved", 0.5, self.pos >= 2, False, {"state_key": self.pos}
+
+    agentrl.register("test/StateKeys-v0", entry_point=Walk)
+    async with EnvManager(ManagerConfig(), EchoPolicy()) as m:
+        (t,) = await m.run_episodes([EpisodeSpec("test/StateKeys-v0")])
+    assert t.termination == "terminated" and t.info["state_keys"] == [0, 1, 2] and t.rewards == [0.5, 0.5]
