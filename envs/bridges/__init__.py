@@ -4,6 +4,7 @@
 id                           what                                           extra
 ============================ ============================================== =========================
 ``reasoning_gym/<dataset>``  a reasoning-gym dataset (family: every name)   ``agentrl[reasoning-gym]``
+``mcp/Tools-v0``             the tools of any MCP server, tasks from JSONL  ``agentrl[mcp]``
 ============================ ============================================== =========================
 
 This module is imported by ``import agentrl`` (through ``agentrl.envs``): it registers ids and families by name
@@ -24,7 +25,13 @@ if "reasoning_gym" not in _families:  # this module may be imported again (reloa
         description="reasoning-gym dataset: one generated question, scored by its score_answer",
     )
 
-_IDS: dict[str, dict] = {}
+_IDS = {
+    "mcp/Tools-v0": {
+        "entry_point": "agentrl.envs.bridges.mcp_tools:MCPToolEnv",
+        "max_episode_steps": 16,
+        "description": "An MCP server's tools as a multi-turn tool env (kwargs server= or url=, tasks=, checker=)",
+    },
+}
 for _id, _fields in _IDS.items():
     if _id not in gymnasium.registry:
         register(_id, **_fields)
