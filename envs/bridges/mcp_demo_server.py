@@ -2,13 +2,15 @@
 
 Tools: ``lookup(name)`` (age and city of a person of a fixed directory), ``calculator(expression)`` and
 ``check_answer(task_id, answer)`` (the grader: ``"1"`` or ``"0"``; the env hides it from the model when it is the
-checker). Run: ``python -m agentrl.envs.bridges.mcp_demo_server`` (stdio). ``AGENTRL_MCP_DEMO_PIDFILE``, when set,
-is a file the server writes its process id to (tests kill it mid-episode).
+checker). Run: ``python mcp_demo_server.py`` (stdio), or ``python mcp_demo_server.py --http PORT`` (streamable HTTP
+on ``http://127.0.0.1:PORT/mcp``). ``AGENTRL_MCP_DEMO_PIDFILE``, when set, is a file the server writes its process
+id to (tests kill it mid-episode).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from mcp.server.mcpserver import MCPServer
 
@@ -48,4 +50,7 @@ if __name__ == "__main__":
     if os.environ.get("AGENTRL_MCP_DEMO_PIDFILE"):
         with open(os.environ["AGENTRL_MCP_DEMO_PIDFILE"], "w") as f:
             f.write(str(os.getpid()))
-    server.run("stdio")
+    if sys.argv[1:2] == ["--http"]:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

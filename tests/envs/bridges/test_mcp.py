@@ -185,3 +185,47 @@ def test_a_garbage_or_missing_server_fails_reset_with_a_clear_error():
     assert not _servers_running("agentrl-garbage-server")
     with pytest.raises(MCPServerError, match="No such file or directory"):
         agentrl.make(MCP, server=["/nonexistent/mcp-server"]).reset(seed=0)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_streamable_http_server_by_url_and_its_death_mid_episode():
+    import socket
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(DEMO_SERVER), "--http", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until the server listens (bounded)
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the HTTP MCP server did not start"
+                time.sleep(0.05)
+        env = agentrl.make(MCP, url=f"http://127.0.0.1:{port}/mcp", checker="mcp:check_answer", call_timeout_s=3)
+        try:
+            for seed in (0, 2):
+                _, info = env.reset(seed=seed)
+                assert [t["function"]["name"] for t in info["tools"]] == ["lookup", "calculator"]
+                result = None
+                while result is None or not result[2]:
+                    result = env.step(env.unwrapped.solve(env.unwrapped.history))
+                assert result[1] == 1.0
+            env.reset(seed=0)
+            proc.kill()
+            proc.wait()
+            with pytest.raises(MCPServerError, match="tools/call 'lookup'"):
+                env.step(format_tool_call("lookup", {"name": "Ann"}))
+        finally:
+            env.close()
+    finally:
+        proc.kill()
+        proc.wait()
