@@ -28,7 +28,11 @@ case "$target" in
     # MCP server from the package index that the MCP env tests run unchanged): they only add packages beside the
     # stack (no pinned version moves).
     "${pip[@]}" -e ".[cpu,dev,bfcl,reasoning-gym,mcp]" "mcp-server-time==2026.10.19"
-    "$venv/bin/python" -c "import reasoning_gym, mcp, mcp_server_time" \
+    # openenv-core requires gradio, whose pillow<13 pin would move the stack's pillow; its server, client and
+    # `openenv init` need only fastmcp (its HTTP server imports it) and tomli/tomli-w besides the stack.
+    "${pip[@]}" --no-deps "openenv-core==0.3.0"
+    "${pip[@]}" "fastmcp==4.2.3" "tomli>=2.3" "tomli-w>=1.2"
+    "$venv/bin/python" -c "import reasoning_gym, mcp, mcp_server_time, openenv.core.env_server.http_server" \
       || { echo "setup.sh: import check of the bridges' packages failed" >&2; exit 1; }
     ;;
   gpu)

@@ -20,6 +20,7 @@ when the library is missing.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import importlib.metadata
@@ -183,7 +184,9 @@ def make(id: str, **kwargs: Any) -> gymnasium.Env:
     env = ep(**{**s.kwargs, **kwargs})
     if getattr(env, "spec", None) is None:
         try:
-            env.spec = s
+            # The spec records the kwargs this env was made with (as gymnasium.make's does), so that
+            # ``env.spec.make()`` (gymnasium's check_env uses it) rebuilds this env, not the registered default.
+            env.spec = dataclasses.replace(s, kwargs={**s.kwargs, **kwargs}) if kwargs else s
         except AttributeError:
             pass
     if max_steps:

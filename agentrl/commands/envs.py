@@ -1,13 +1,18 @@
 """``agentrl envs list`` and ``agentrl envs check ID...|--all``.
 
 ``check`` runs, per env: ``agentrl.make``, gymnasium's ``check_env`` on the unwrapped env (any warning it raises
-counts as a failure), a seeded episode through the registered wrappers whose actions alternate between
+counts as a failure; with ``--all``, an env whose constructor needs arguments that nobody gave, such as a server's
+address, is reported ``SKIP`` with the arguments it needs), a seeded episode through the registered wrappers whose actions alternate between
 ``env.action_space.sample()`` and the env's scripted solver (random text alone when it has none; every returned
 value is checked against the spaces and types), the async path (``areset`` must give the same opening as
 ``reset`` for the same seed, then one ``astep``), and, if the env has a scripted solver, one solver episode whose
 return is reported. It prints one ``PASS``/``FAIL`` line per env and returns 1 if any env failed. Arguments of the
 form ``key=value`` are env kwargs given to every env checked (values read as YAML: ``size=100`` is an int,
 ``tools=[a, b]`` a list, anything else a string), e.g. ``agentrl envs check reasoning_gym/leg_counting max_animals=3``.
+
+``serve ID [key=value ...]`` serves the env as an OpenEnv environment server (openenv-core's own server: HTTP and
+the ``/ws`` WebSocket session; see :mod:`agentrl.envs.bridges.openenv_server`), on loopback unless ``--host`` says
+otherwise.
 
 ``list`` prints the registered ids, then one ``<namespace>/<name>`` line per env family (ids made on first use;
 ``--family NAMESPACE`` lists the family's names).
@@ -43,6 +48,14 @@ def add_parser(subparsers: Any) -> None:
     p_check.add_argument("--max-steps", type=int, default=50, help="step cap of the random episode (default 50)")
     p_check.set_defaults(func=_check)
 
+    p_serve = sub.add_parser("serve", help="serve an env as an OpenEnv server (HTTP + WebSocket sessions at /ws)")
+    p_serve.add_argument("id", metavar="ID", help="env id to serve")
+    p_serve.add_argument("kwargs", nargs="*", metavar="KEY=VALUE", help="env kwargs (value read as YAML)")
+    p_serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p_serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p_serve.add_argument("--max-sessions", type=int, default=64, help="concurrent WebSocket sessions (default 64)")
+    p_serve.set_defaults(func=_serve)
+
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
@@ -72,6 +85,23 @@ def _list(args: argparse.Namespace) -> int:
     width = max(len(r[0]) for r in rows)
     for env_id, text in rows:
         print(f"{env_id:<{width}}  {text}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        env_kwargs = parse_env_kwargs(args.kwargs)
+        if not 1 <= args.max_sessions <= 4096:
+            raise ValueError(f"--max-sessions must be in [1, 4096], got {args.max_sessions}")
+        from agentrl.envs.bridges.openenv_server import serve
+    except (ValueError, ImportError) as e:
+        print(f"agentrl envs serve: {e}")
+        return 2
+    try:
+        serve(args.id, env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions)
+    except Exception as e:  # a bad id or kwarg: one line, not a traceback
+        print(f"agentrl envs serve: {type(e).__name__}: {e}")
+        return 1
     return 0
 
 
@@ -108,13 +138,38 @@ def _check(args: argparse.Namespace) -> int:
         print("agentrl envs check: give one or more env ids, or --all")
         return 2
     width = max(len(i) for i in ids)
-    failed = 0
+    failed = skipped = 0
     for env_id in ids:
+        needs = _required_kwargs(env_id, env_kwargs) if args.all else []
+        if needs:  # --all cannot invent a server address: say so instead of failing the env
+            skipped += 1
+            print(f"SKIP  {env_id:<{width}}  needs env kwargs {', '.join(f'{k}=...' for k in needs)}", flush=True)
+            continue
         ok, detail = check_env_id(env_id, seed=args.seed, max_steps=args.max_steps, env_kwargs=env_kwargs)
         failed += not ok
         print(f"{'PASS' if ok else 'FAIL'}  {env_id:<{width}}  {detail}", flush=True)
-    print(f"{len(ids) - failed} passed, {failed} failed")
+    print(f"{len(ids) - failed - skipped} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     return 1 if failed else 0
+
+
+def _required_kwargs(env_id: str, given: dict[str, Any]) -> list[str]:
+    """The constructor arguments of ``env_id`` that have no default and are neither registered nor ``given``."""
+    import importlib
+    import inspect
+
+    from agentrl.registration import spec
+
+    s = spec(env_id)
+    ep = s.entry_point
+    try:
+        if isinstance(ep, str):
+            module, _, attr = ep.partition(":")
+            ep = getattr(importlib.import_module(module), attr)
+        params = inspect.signature(ep).parameters.values()
+    except Exception:  # unloadable or opaque: let the check itself report it
+        return []
+    return [p.name for p in params if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in s.kwargs and p.name not in given]
 
 
 class _CheckFailed(Exception):

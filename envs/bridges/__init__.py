@@ -5,7 +5,11 @@ id                           what                                           extr
 ============================ ============================================== =========================
 ``reasoning_gym/<dataset>``  a reasoning-gym dataset (family: every name)   ``agentrl[reasoning-gym]``
 ``mcp/Tools-v0``             the tools of any MCP server, tasks from JSONL  ``agentrl[mcp]``
+``openenv/Client-v0``        a remote OpenEnv server (``url=``), over /ws   ``agentrl[openenv]``
 ============================ ============================================== =========================
+
+And the other way: ``agentrl envs serve ID`` serves any agentrl env as an OpenEnv server
+(:mod:`agentrl.envs.bridges.openenv_server`).
 
 This module is imported by ``import agentrl`` (through ``agentrl.envs``): it registers ids and families by name
 only; each ecosystem's library is imported when one of its envs is made, and a missing one fails then with an
@@ -30,6 +34,10 @@ _IDS = {
         "entry_point": "agentrl.envs.bridges.mcp_tools:MCPToolEnv",
         "max_episode_steps": 16,
         "description": "An MCP server's tools as a multi-turn tool env (kwargs server= or url=, tasks=, checker=)",
+    },
+    "openenv/Client-v0": {
+        "entry_point": "agentrl.envs.bridges.openenv_client:OpenEnvClientEnv",
+        "description": "A remote OpenEnv environment over its /ws WebSocket session (kwarg url=http://HOST:PORT)",
     },
 }
 for _id, _fields in _IDS.items():

@@ -185,7 +185,8 @@ class MCPConnection:
         return MCPServerError(message)
 
     def call(self, name: str, arguments: dict[str, Any]) -> tuple[bool, str]:
-        """Calls a tool (blocking); returns ``(is_error, text)``. Raises :class:`MCPServerError` on failure."""
+        """Calls a tool (blocking); returns ``(is_error, text)``: a tool's error result and a JSON-RPC error answer
+        are ``is_error``. Raises :class:`MCPServerError` when the server fails (and marks the connection dead)."""
         fut = self._submit(name, arguments)
         try:
             return _result_text(fut.result(self.call_timeout_s))
@@ -193,8 +194,16 @@ class MCPConnection:
             raise self._timed_out(name) from None
         except MCPServerError:
             raise
+        except _RPC_ERROR as e:
+            if _rpc_code(e) != _CONNECTION_CLOSED:  # an error answer (bad arguments...): the model's to read
+                return True, f"JSON-RPC error {_rpc_code(e)}: {getattr(e, 'message', None) or e}"
+            message = f"MCP server {self.label!r} failed on tools/call {name!r}: {_describe(e)}"
+            self.dead = self.dead or message  # at once: the owner task may still be winding the session down
+            raise MCPServerError(message) from e
         except Exception as e:
-            raise MCPServerError(f"MCP server {self.label!r} failed on tools/call {name!r}: {_describe(e)}") from e
+            message = f"MCP server {self.label!r} failed on tools/call {name!r}: {_describe(e)}"
+            self.dead = self.dead or message
+            raise MCPServerError(message) from e
 
 
 _DEVNULL: Any = None

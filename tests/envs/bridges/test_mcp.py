@@ -111,6 +111,14 @@ def test_a_server_from_the_package_index_mcp_server_time(tmp_path, capsys):
         result = json.loads(out[0]["content"])
         assert result["target"]["datetime"][11:16] == "00:00" and result["source"]["timezone"] == "Asia/Tokyo"
         assert env.step("<answer>00:00</answer>")[1] == 1.0
+        # a JSON-RPC error answer (this server refuses unknown tools that way) is an observation, not a failure
+        conn = env.unwrapped.conn
+        assert conn.call("no_such_tool", {}) == (True, "JSON-RPC error -32602: Unknown tool: no_such_tool")
+        env.reset(seed=0)
+        bad = format_tool_call("convert_time", {"source_timezone": "Mars/Base", "time": "09:00", "target_timezone": "UTC"})
+        out, *_ = env.step(bad)
+        assert out[0]["content"].startswith("error: Error executing tool convert_time: Invalid timezone")
+        assert conn.dead is None and env.step(call)[0][0]["content"].startswith("{")
     finally:
         env.close()
     # and through the CLI, the server and the task file given as key=value env kwargs
