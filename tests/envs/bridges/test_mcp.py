@@ -124,6 +124,10 @@ def test_a_server_from_the_package_index_mcp_server_time(tmp_path, capsys):
     # and through the CLI, the server and the task file given as key=value env kwargs
     assert main(["envs", "check", MCP, f"server={json.dumps(server)}", f"tasks={tasks}"]) == 0
     assert f"PASS  {MCP}" in capsys.readouterr().out
+    # the README's example task file (seed 1: a half-hour offset, Asia/Kolkata)
+    example = Path(__file__).parents[3] / "examples" / "mcp_time_tasks.jsonl"
+    assert main(["envs", "check", MCP, f"server={json.dumps(server)}", f"tasks={example}", "--seed", "1"]) == 0
+    assert "solver: return 1 in 2 steps" in capsys.readouterr().out
     assert not _servers_running("mcp_server_time")
 
 

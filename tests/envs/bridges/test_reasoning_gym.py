@@ -142,3 +142,21 @@ async def test_64_episodes_at_once_through_the_manager_are_reproducible():
     assert len({t.messages[1]["content"] for t in first}) > 50  # distinct questions, not one repeated
     expected = [env.reset(seed=s)[1]["task_key"] for s in range(64)]
     assert [t.info["task_key"] for t in first] == expected
+
+
+def test_make_records_the_given_kwargs_in_the_spec():
+    """gymnasium's check_env rebuilds the env from ``env.spec``: before, the spec held the registered kwargs only, so
+    an env made with kwargs (an OpenEnv client's url) was rebuilt without them and the check failed."""
+    env = agentrl.make(LEGS, max_animals=3)
+    assert env.unwrapped.spec.kwargs == {"dataset": "leg_counting", "max_animals": 3}
+    assert env.unwrapped.spec.make().unwrapped.config["max_animals"] == 3
+    assert agentrl.make(LEGS).unwrapped.spec is agentrl.spec(LEGS)  # no kwargs: the registered spec itself
+
+
+def test_check_all_skips_only_envs_whose_constructor_needs_kwargs():
+    from agentrl.commands.envs import _required_kwargs
+
+    assert _required_kwargs("openenv/Client-v0", {}) == ["url"]
+    assert _required_kwargs("openenv/Client-v0", {"url": "http://127.0.0.1:1"}) == []
+    assert _required_kwargs(LEGS, {}) == []  # its one required argument is the registered dataset
+    assert _required_kwargs("mcp/Tools-v0", {}) == []  # runs its bundled demo server
