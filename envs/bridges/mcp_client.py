@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import concurrent.futures
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ except ImportError as e:  # an optional extra: say which
 # A JSON-RPC error answer (the session goes on); named McpError before mcp 2.
 _RPC_ERROR = getattr(mcp.shared.exceptions, "MCPError", None) or getattr(mcp.shared.exceptions, "McpError")
 _GROUP = getattr(builtins, "BaseExceptionGroup", ())
+_SPAWN_LOCK = threading.Lock()
 _CONNECTION_CLOSED = -32000  # the SDK's code for requests cut off by a closed connection
 
 
@@ -92,7 +94,13 @@ class MCPConnection:
     async def _own(self, ready: concurrent.futures.Future) -> None:
         self._requests = asyncio.Queue()
         try:
-            async with self._transport() as streams, ClientSession(streams[0], streams[1]) as session:
+            async with contextlib.AsyncExitStack() as stack:
+                # One spawn at a time in the process: uvloop (Ray's workers run it) refuses to spawn from two loops
+                # at once ("Racing with another loop to spawn a process"), and every connection has its own loop.
+                # Blocking this private loop's thread while waiting is harmless: nothing else runs on it.
+                with _SPAWN_LOCK:
+                    streams = await stack.enter_async_context(self._transport())
+                session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                 await session.initialize()
                 listed = await session.list_tools()
                 ready.set_result([_tool_spec(t) for t in listed.tools])

@@ -241,3 +241,29 @@ def test_a_streamable_http_server_by_url_and_its_death_mid_episode():
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_the_servers_tools_reach_the_models_chat_template():
+    """reset's info["tools"] is what the manager hands the agent loop (meta.tools) and the loop's renderer gives the
+    chat template: rendered with Qwen3's real template, the prompt lists the MCP server's tools, not its checker."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "chat"))
+    try:
+        from chat_tokenizers import qwen_tokenizer, template
+    finally:
+        sys.path.pop(0)
+    from agentrl.chat.renderer import ChatRenderer
+
+    renderer = ChatRenderer(qwen_tokenizer(template("qwen3.jinja")))
+    prompts: list[str] = []
+
+    def act(conversation, meta):
+        if not prompts:
+            prompts.append(renderer.render(conversation, add_generation_prompt=True, tools=meta.tools))
+        return "<answer>34</answer>"
+
+    async with EnvManager(ManagerConfig(), ScriptedPolicy(act)) as m:
+        (t,) = await m.run_episodes([EpisodeSpec(MCP, {"checker": "mcp:check_answer"}, seed=0)])
+    assert t.error is None and t.reward == 1.0
+    tools_block = prompts[0].split("<tools>\n")[1].split("\n</tools>")[0]
+    listed = [json.loads(line)["function"]["name"] for line in tools_block.strip().splitlines()]
+    assert listed == ["lookup", "calculator"]
