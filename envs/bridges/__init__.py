@@ -4,6 +4,7 @@
 id                           what                                           extra
 ============================ ============================================== =========================
 ``reasoning_gym/<dataset>``  a reasoning-gym dataset (family: every name)   ``agentrl[reasoning-gym]``
+``textarena/<game id>``      a TextArena single-player game (family)        ``agentrl[textarena]``
 ``mcp/Tools-v0``             the tools of any MCP server, tasks from JSONL  ``agentrl[mcp]``
 ``openenv/Client-v0``        a remote OpenEnv server (``url=``), over /ws   ``agentrl[openenv]``
 ============================ ============================================== =========================
@@ -27,6 +28,13 @@ if "reasoning_gym" not in _families:  # this module may be imported again (reloa
         "reasoning_gym", "agentrl.envs.bridges.reasoninggym:ReasoningGymEnv", name_kwarg="dataset",
         names="agentrl.envs.bridges.reasoninggym:dataset_names", extra="reasoning-gym",
         description="reasoning-gym dataset: one generated question, scored by its score_answer",
+    )
+
+if "textarena" not in _families:
+    register_family(
+        "textarena", "agentrl.envs.bridges.textarena_env:TextArenaEnv", name_kwarg="game",
+        names="agentrl.envs.bridges.textarena_env:game_names", extra="textarena", max_episode_steps=64,
+        description="TextArena single-player game, played unchanged",
     )
 
 _IDS = {
