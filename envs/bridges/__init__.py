@@ -5,6 +5,7 @@ id                           what                                           extr
 ============================ ============================================== =========================
 ``reasoning_gym/<dataset>``  a reasoning-gym dataset (family: every name)   ``agentrl[reasoning-gym]``
 ``textarena/<game id>``      a TextArena single-player game (family)        ``agentrl[textarena]``
+``skyrl_gym/<env id>``       a SkyRL-Gym env per dataset row (``tasks=``)   ``agentrl[skyrl-gym]``
 ``mcp/Tools-v0``             the tools of any MCP server, tasks from JSONL  ``agentrl[mcp]``
 ``openenv/Client-v0``        a remote OpenEnv server (``url=``), over /ws   ``agentrl[openenv]``
 ============================ ============================================== =========================
@@ -35,6 +36,13 @@ if "textarena" not in _families:
         "textarena", "agentrl.envs.bridges.textarena_env:TextArenaEnv", name_kwarg="game",
         names="agentrl.envs.bridges.textarena_env:game_names", extra="textarena", max_episode_steps=64,
         description="TextArena single-player game, played unchanged",
+    )
+
+if "skyrl_gym" not in _families:
+    register_family(
+        "skyrl_gym", "agentrl.envs.bridges.skyrl_gym_env:SkyRLGymEnv", name_kwarg="env",
+        names="agentrl.envs.bridges.skyrl_gym_env:env_names", extra="skyrl-gym", max_episode_steps=32,
+        description="SkyRL-Gym env, made per dataset row (kwarg tasks=rows.jsonl)",
     )
 
 _IDS = {

@@ -216,3 +216,12 @@ def test_unreachable_server_and_bad_url():
         agentrl.make(CLIENT, url=f"http://127.0.0.1:{_free_port()}", connect_timeout_s=2).reset(seed=0)
     with pytest.raises(ValueError, match="url must look like http://HOST:PORT"):
         agentrl.make(CLIENT, url="localhost")
+
+
+def test_envs_serve_refuses_a_bad_id_or_kwarg_in_one_line(capsys):
+    assert main(["envs", "serve", "agentrl/NoSuchEnv-v0", "--port", str(_free_port())]) == 1
+    assert "RegistrationError: unknown env id 'agentrl/NoSuchEnv-v0'" in capsys.readouterr().out
+    assert main(["envs", "serve", "reasoning_gym/leg_counting", "legs=3", "--port", str(_free_port())]) == 1
+    assert "unknown config field(s) ['legs']" in capsys.readouterr().out
+    assert main(["envs", "serve", GUESS, "--max-sessions", "0"]) == 2
+    assert "--max-sessions must be in [1, 4096]" in capsys.readouterr().out
