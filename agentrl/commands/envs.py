@@ -1,12 +1,12 @@
 """``agentrl envs list`` and ``agentrl envs check ID...|--all``.
 
 ``check`` runs, per env: ``agentrl.make``, gymnasium's ``check_env`` on the unwrapped env (any warning it raises
-counts as a failure; with ``--all``, an env whose constructor needs arguments that nobody gave, such as a server's
-address, is reported ``SKIP`` with the arguments it needs), a seeded episode through the registered wrappers whose actions alternate between
+counts as a failure), a seeded episode through the registered wrappers whose actions alternate between
 ``env.action_space.sample()`` and the env's scripted solver (random text alone when it has none; every returned
 value is checked against the spaces and types), the async path (``areset`` must give the same opening as
 ``reset`` for the same seed, then one ``astep``), and, if the env has a scripted solver, one solver episode whose
-return is reported. It prints one ``PASS``/``FAIL`` line per env and returns 1 if any env failed. Arguments of the
+return is reported. It prints one ``PASS``/``FAIL`` line per env and returns 1 if any env failed. With ``--all``, an
+env whose constructor needs arguments that nobody gave (a server's address) is reported ``SKIP`` with what it needs. Arguments of the
 form ``key=value`` are env kwargs given to every env checked (values read as YAML: ``size=100`` is an int,
 ``tools=[a, b]`` a list, anything else a string), e.g. ``agentrl envs check reasoning_gym/leg_counting max_animals=3``.
 

@@ -22,40 +22,32 @@ from __future__ import annotations
 
 import gymnasium
 
-from agentrl.registration import _families, register, register_family
+from agentrl.registration import families, register, register_family
 
-if "reasoning_gym" not in _families:  # this module may be imported again (reloaded)
-    register_family(
-        "reasoning_gym", "agentrl.envs.bridges.reasoninggym:ReasoningGymEnv", name_kwarg="dataset",
-        names="agentrl.envs.bridges.reasoninggym:dataset_names", extra="reasoning-gym",
-        description="reasoning-gym dataset: one generated question, scored by its score_answer",
-    )
-
-if "textarena" not in _families:
-    register_family(
-        "textarena", "agentrl.envs.bridges.textarena_env:TextArenaEnv", name_kwarg="game",
-        names="agentrl.envs.bridges.textarena_env:game_names", extra="textarena", max_episode_steps=64,
-        description="TextArena single-player game, played unchanged",
-    )
-
-if "skyrl_gym" not in _families:
-    register_family(
-        "skyrl_gym", "agentrl.envs.bridges.skyrl_gym_env:SkyRLGymEnv", name_kwarg="env",
-        names="agentrl.envs.bridges.skyrl_gym_env:env_names", extra="skyrl-gym", max_episode_steps=32,
-        description="SkyRL-Gym env, made per dataset row (kwarg tasks=rows.jsonl)",
-    )
-
-_IDS = {
-    "mcp/Tools-v0": {
-        "entry_point": "agentrl.envs.bridges.mcp_tools:MCPToolEnv",
-        "max_episode_steps": 16,
-        "description": "An MCP server's tools as a multi-turn tool env (kwargs server= or url=, tasks=, checker=)",
-    },
-    "openenv/Client-v0": {
-        "entry_point": "agentrl.envs.bridges.openenv_client:OpenEnvClientEnv",
-        "description": "A remote OpenEnv environment over its /ws WebSocket session (kwarg url=http://HOST:PORT)",
-    },
+_FAMILIES = {
+    "reasoning_gym": dict(entry_point="agentrl.envs.bridges.reasoninggym:ReasoningGymEnv", name_kwarg="dataset",
+                          names="agentrl.envs.bridges.reasoninggym:dataset_names", extra="reasoning-gym",
+                          description="reasoning-gym dataset: one generated question, scored by its score_answer"),
+    "textarena": dict(entry_point="agentrl.envs.bridges.textarena_env:TextArenaEnv", name_kwarg="game",
+                      names="agentrl.envs.bridges.textarena_env:game_names", extra="textarena", max_episode_steps=64,
+                      description="TextArena single-player game, played unchanged"),
+    "skyrl_gym": dict(entry_point="agentrl.envs.bridges.skyrl_gym_env:SkyRLGymEnv", name_kwarg="env",
+                      names="agentrl.envs.bridges.skyrl_gym_env:env_names", extra="skyrl-gym", max_episode_steps=32,
+                      description="SkyRL-Gym env, made per dataset row (kwarg tasks=rows.jsonl)"),
 }
+_IDS = {
+    "mcp/Tools-v0": dict(entry_point="agentrl.envs.bridges.mcp_tools:MCPToolEnv", max_episode_steps=16,
+                         description="An MCP server's tools as a multi-turn tool env (kwargs server= or url=, "
+                                     "tasks=, checker=)"),
+    "openenv/Client-v0": dict(entry_point="agentrl.envs.bridges.openenv_client:OpenEnvClientEnv",
+                              description="A remote OpenEnv environment over its /ws WebSocket session "
+                                          "(kwarg url=http://HOST:PORT)"),
+}
+
+_known = {f.namespace for f in families()}  # this module may be imported again (reloaded): register once
+for _namespace, _fields in _FAMILIES.items():
+    if _namespace not in _known:
+        register_family(_namespace, **_fields)
 for _id, _fields in _IDS.items():
     if _id not in gymnasium.registry:
         register(_id, **_fields)
