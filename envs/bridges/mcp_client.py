@@ -218,11 +218,14 @@ _DEVNULL: Any = None
 
 
 def _devnull() -> Any:
+    """One handle for the process where stdio servers' stderr (their logs) goes, closed at exit."""
     global _DEVNULL
     if _DEVNULL is None:
+        import atexit
         import os
 
-        _DEVNULL = open(os.devnull, "w")  # noqa: SIM115  one handle for the process: servers' stderr goes here
+        _DEVNULL = open(os.devnull, "w")  # noqa: SIM115
+        atexit.register(_DEVNULL.close)
     return _DEVNULL
 
 
