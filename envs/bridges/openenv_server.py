@@ -28,7 +28,7 @@ except ImportError as e:  # an optional extra: say which
     raise ImportError(f"serving OpenEnv needs openenv-core: pip install 'agentrl[openenv]' ({e})") from e
 
 import agentrl
-from agentrl.core import as_messages
+from agentrl.core import Env, as_messages
 
 
 class AgentrlAction(Action):
@@ -49,8 +49,18 @@ def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(value, default=repr))
 
 
-def environment_class(env_id: str, env_kwargs: dict[str, Any] | None = None) -> type:
-    """An OpenEnv ``Environment`` class wrapping fresh ``agentrl.make(env_id, **env_kwargs)`` envs."""
+def _observation(obs: Any, info: dict[str, Any], reward: float = 0.0, terminated: bool = False,
+                 truncated: bool = False) -> AgentrlObservation:
+    return AgentrlObservation(messages=as_messages(obs), truncated=bool(truncated), info=_json_safe(info),
+                              done=bool(terminated or truncated), reward=float(reward))
+
+
+def environment_class(env_id: str, env_kwargs: dict[str, Any] | None = None, native_async: bool = False) -> type:
+    """An OpenEnv ``Environment`` class wrapping fresh ``agentrl.make(env_id, **env_kwargs)`` envs.
+
+    A sync env runs on its session's own executor thread (openenv-core's): ``reset`` and ``step`` of one episode
+    always on the same thread, as thread-bound libraries need. An env whose async methods are its own
+    (``native_async``) is awaited on the server's loop instead."""
     kwargs = dict(env_kwargs or {})
 
     class AgentrlEnvironment(Environment):
@@ -64,14 +74,12 @@ def environment_class(env_id: str, env_kwargs: dict[str, Any] | None = None) -> 
         def reset(self, seed: int | None = None, episode_id: str | None = None, task: Any = None,
                   **_: Any) -> AgentrlObservation:
             self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
-            obs, info = self.env.reset(seed=seed, options={"task": task} if task is not None else None)
-            return AgentrlObservation(messages=as_messages(obs), info=_json_safe(info), done=False, reward=0.0)
+            return _observation(*self.env.reset(seed=seed, options={"task": task} if task is not None else None))
 
         def step(self, action: AgentrlAction, timeout_s: float | None = None, **_: Any) -> AgentrlObservation:
             self._state.step_count += 1
             obs, reward, terminated, truncated, info = self.env.step(action.message)
-            return AgentrlObservation(messages=as_messages(obs), truncated=bool(truncated), info=_json_safe(info),
-                                      done=bool(terminated or truncated), reward=float(reward))
+            return _observation(obs, info, reward, terminated, truncated)
 
         @property
         def state(self) -> State:
@@ -80,14 +88,30 @@ def environment_class(env_id: str, env_kwargs: dict[str, Any] | None = None) -> 
         def close(self) -> None:
             self.env.close()
 
+    if native_async:
+        async def reset_async(self: Any, seed: int | None = None, episode_id: str | None = None, task: Any = None,
+                              **_: Any) -> AgentrlObservation:
+            self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
+            return _observation(*await self.env.areset(seed=seed, options={"task": task} if task is not None else None))
+
+        async def step_async(self: Any, action: AgentrlAction, timeout_s: float | None = None,
+                             **_: Any) -> AgentrlObservation:
+            self._state.step_count += 1
+            obs, reward, terminated, truncated, info = await self.env.astep(action.message)
+            return _observation(obs, info, reward, terminated, truncated)
+
+        AgentrlEnvironment.reset_async, AgentrlEnvironment.step_async = reset_async, step_async
+
     AgentrlEnvironment.__name__ = AgentrlEnvironment.__qualname__ = f"Agentrl[{env_id}]"
     return AgentrlEnvironment
 
 
 def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_sessions: int = 64) -> Any:
     """The FastAPI app serving ``env_id`` (checked by making one env first, so a bad id or kwarg fails here)."""
-    agentrl.make(env_id, **(env_kwargs or {})).close()
-    return create_fastapi_app(environment_class(env_id, env_kwargs), AgentrlAction, AgentrlObservation,
+    probe = agentrl.make(env_id, **(env_kwargs or {}))
+    native_async = type(probe.unwrapped).areset is not Env.areset  # its own async methods: await them
+    probe.close()
+    return create_fastapi_app(environment_class(env_id, env_kwargs, native_async), AgentrlAction, AgentrlObservation,
                               max_concurrent_envs=max_sessions)
 
 

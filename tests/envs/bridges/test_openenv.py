@@ -225,3 +225,66 @@ def test_envs_serve_refuses_a_bad_id_or_kwarg_in_one_line(capsys):
     assert "unknown config field(s) ['legs']" in capsys.readouterr().out
     assert main(["envs", "serve", GUESS, "--max-sessions", "0"]) == 2
     assert "--max-sessions must be in [1, 4096]" in capsys.readouterr().out
+
+
+class _ThreadEcho(agentrl.Env):
+    """Sync: says which thread ran reset and each step."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "user", "content": f"seed {seed}"}], {"thread": threading.get_ident()}
+
+    def step(self, action):
+        return [{"role": "user", "content": action}], 1.0, action == "stop", False, {"thread": threading.get_ident()}
+
+
+class _AsyncOnly(agentrl.Env):
+    """Async methods only (its sync reset/step are gymnasium's stubs): the server must await them."""
+
+    async def areset(self, *, seed=None, options=None):
+        return [{"role": "user", "content": f"async seed {seed}"}], {}
+
+    async def astep(self, action):
+        return [{"role": "user", "content": action.upper()}], 0.5, True, False, {}
+
+
+@pytest.fixture
+def test_envs():
+    ids = {"test-openenv/ThreadEcho-v0": _ThreadEcho, "test-openenv/AsyncOnly-v0": _AsyncOnly}
+    for env_id, cls in ids.items():
+        agentrl.register(env_id, entry_point=cls)
+    yield list(ids)
+    import gymnasium
+
+    from agentrl import registration
+
+    for env_id in ids:
+        del gymnasium.registry[env_id]
+        registration._agentrl_ids.discard(env_id)
+
+
+def _ws_episode(app, actions):
+    from starlette.testclient import TestClient
+
+    replies = []
+    with TestClient(app) as client, client.websocket_connect("/ws") as ws:
+        ws.send_text(json.dumps({"type": "reset", "data": {"seed": 3}}))
+        replies.append(ws.receive_json())
+        for action in actions:
+            ws.send_text(json.dumps({"type": "step", "data": {"message": action}}))
+            replies.append(ws.receive_json())
+    return [r["data"] for r in replies]
+
+
+def test_served_sync_envs_keep_one_thread_per_episode_and_async_envs_are_awaited(test_envs):
+    from agentrl.envs.bridges.openenv_server import make_app
+
+    sync_id, async_id = test_envs
+    replies = _ws_episode(make_app(sync_id), ["a", "b", "stop"])
+    threads = {r["observation"]["info"]["thread"] for r in replies}
+    assert len(threads) == 1 and threading.get_ident() not in threads  # one session thread, not the caller's
+    assert [r["done"] for r in replies] == [False, False, False, True]
+    replies = _ws_episode(make_app(async_id), ["go"])
+    assert replies[0]["observation"]["messages"] == [{"role": "user", "content": "async seed 3"}]
+    assert replies[1]["observation"]["messages"] == [{"role": "user", "content": "GO"}]
+    assert (replies[1]["reward"], replies[1]["done"]) == (0.5, True)
