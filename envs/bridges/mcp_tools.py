@@ -18,8 +18,8 @@ model and refused if called).
 
 Invariants: a tool's own error is an observation (``error: ...``), the episode goes on; a server that does not start,
 times out, exits or breaks the protocol raises :class:`~agentrl.envs.bridges.mcp_client.MCPServerError` (a failed
-episode in the manager, with that message), and the server process is ended. ``info["task_key"]`` of ``reset`` is
-``mcp/<task file stem>:<sha256 of the opening messages>``.
+episode in the manager, with that message), and the server process is ended. ``task_key(seed)`` (also ``info["task_key"]`` of
+``reset``) is ``mcp/<task file stem>:<sha256 of the opening messages>``, computed without a server.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class MCPToolEnv(Env):
         self.start_timeout_s, self.call_timeout_s = float(start_timeout_s), float(call_timeout_s)
         self.conn: MCPConnection | None = None
         self.tools: list[ToolSpec] = []
-        self.index, self.task, self.task_key, self.done = 0, self.tasks[0], "", True
+        self.index, self.task, self.current_key, self.done = 0, self.tasks[0], "", True
         self.history: list[Message] = []  # the episode so far, for checkers
 
     # -- the server -----------------------------------------------------------------------------------------------
@@ -157,6 +157,16 @@ class MCPToolEnv(Env):
     def tool_schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.tools]
 
+    @staticmethod
+    def _opening(task: dict[str, Any]) -> list[Message]:
+        return [{"role": "user", "content": task["prompt"]}] if "prompt" in task else [dict(m) for m in task["messages"]]
+
+    def task_key(self, seed: int) -> str:
+        """The content identity of task ``seed % len(tasks)``: the task file's name and its opening messages' hash
+        (the env contract's ``task_key``; starts no server)."""
+        opening = self._opening(self.tasks[seed % len(self.tasks)])
+        return f"mcp/{self.tasks_path.stem}:{hashlib.sha256(json.dumps(opening, sort_keys=True).encode()).hexdigest()[:16]}"
+
     # -- gymnasium API --------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
         """Shows task ``seed % len(tasks)`` (drawn from ``self.np_random`` when ``seed`` is None)."""
@@ -165,13 +175,11 @@ class MCPToolEnv(Env):
         self.index = seed % len(self.tasks) if seed is not None else int(self.np_random.integers(len(self.tasks)))
         self.task, self.done = self.tasks[self.index], False
         listing = ", ".join(f"{t.name} ({preview(t.description, 80)})" if t.description else t.name for t in self.tools)
-        opening = ([{"role": "user", "content": self.task["prompt"]}] if "prompt" in self.task
-                   else [dict(m) for m in self.task["messages"]])
+        opening = self._opening(self.task)
         obs = [{"role": "system", "content": SYSTEM_PROMPT.format(tools=listing or "none")}] + opening
         self.history = list(obs)
-        digest = hashlib.sha256(json.dumps(opening, sort_keys=True).encode()).hexdigest()[:16]
-        self.task_key = f"mcp/{self.tasks_path.stem}:{digest}"
-        return obs, {"tools": self.tool_schemas(), "task_key": self.task_key, "task_id": self.task.get("id", self.index)}
+        self.current_key = self.task_key(self.index)
+        return obs, {"tools": self.tool_schemas(), "task_key": self.current_key, "task_id": self.task.get("id", self.index)}
 
     def step(self, action: str) -> StepResult:
         """Runs the tool calls of ``action`` through the server, or scores its answer (then terminates)."""
@@ -241,7 +249,7 @@ class MCPToolEnv(Env):
         return reward
 
     def _info(self, correct: bool, invalid: bool, calls: int) -> dict[str, Any]:
-        return {"correct": correct, "invalid_action": invalid, "tool_calls": calls, "task_key": self.task_key}
+        return {"correct": correct, "invalid_action": invalid, "tool_calls": calls, "task_key": self.current_key}
 
     # -- scripted demonstrations ---------------------------------------------------------------------------------
     def _demo_action(self, task: dict[str, Any], conversation: list[Message]) -> str:

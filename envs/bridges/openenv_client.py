@@ -12,7 +12,8 @@ messages: its ``messages`` when it carries chat messages (an agentrl env served 
 Invariants: every network wait is bounded (``connect_timeout_s``, ``call_timeout_s``); a refused connection, a
 timeout, a session the server closes, an ``error`` reply or a reply outside the protocol raises
 :class:`OpenEnvError` naming the server and the request (a failed episode in the manager), and the session is
-closed. ``info["task_key"]`` of ``reset`` is the served env's own ``task_key`` when its reset info has one, else
+closed. It has no ``task_key(seed)`` (that would take a server round trip per seed): ``info["task_key"]`` of
+``reset`` is the served env's own ``task_key`` when its reset info has one, else
 ``openenv:<sha256 of the opening messages>``.
 """
 
@@ -68,7 +69,7 @@ class OpenEnvClientEnv(Env):
         self.system_prompt, self.reset_data = system_prompt, dict(reset_data or {})
         self.connect_timeout_s, self.call_timeout_s = float(connect_timeout_s), float(call_timeout_s)
         self._ws: Any = None
-        self.task_key = ""
+        self.current_key = ""
 
     # -- the wire -------------------------------------------------------------------------------------------------
     def _schema_action_field(self) -> str:
@@ -169,8 +170,8 @@ class OpenEnvClientEnv(Env):
         # opening's: content, not the server's address, so the same task served elsewhere keeps its key.
         key = info.get("task_key")
         digest = hashlib.sha256(json.dumps(obs, sort_keys=True).encode()).hexdigest()[:16]
-        self.task_key = key if isinstance(key, str) and key else f"openenv:{digest}"
-        return obs, {**info, "task_key": self.task_key}
+        self.current_key = key if isinstance(key, str) and key else f"openenv:{digest}"
+        return obs, {**info, "task_key": self.current_key}
 
     def step(self, action: str) -> StepResult:
         """Sends the model's text as the action; the reply's reward and done end the step."""
@@ -187,7 +188,7 @@ class OpenEnvClientEnv(Env):
         done = bool(reply.get("done"))
         truncated = done and bool(observation.get("truncated"))
         info = observation.get("info")
-        info = {**(info if isinstance(info, dict) else {}), "task_key": self.task_key}
+        info = {**(info if isinstance(info, dict) else {}), "task_key": self.current_key}
         messages = self._messages(observation)
         if done:
             self.close()  # the session is the episode

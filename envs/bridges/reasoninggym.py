@@ -13,8 +13,9 @@ Invariants:
   (``pool_matrix``). Every call into the library (building a dataset, making an entry, scoring) therefore holds one
   process-wide lock, with both global generators seeded from the entry's identity and restored afterwards: such
   entries stay reproducible, and no other code on another thread sees the global RNG state move under it.
-- ``info["task_key"]`` of ``reset`` names the content (``reasoning_gym/<dataset>:<sha256 of the question>``), so
-  held-out evaluation can exclude by content whatever seeds made it.
+- ``task_key(seed)`` (the env contract's content identity, also ``info["task_key"]`` of ``reset``) is
+  ``reasoning_gym/<dataset>:<sha256 of the question>``, so held-out evaluation excludes by content whatever seeds
+  made it (seeds ``s`` and ``s + size`` draw one entry and share it).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class ReasoningGymEnv(Env):
         self.system_prompt = "" if system_prompt == "none" else SYSTEM_PROMPTS[system_prompt]
         self.index = 0
         self.entry: dict[str, Any] | None = None
-        self.task_key = ""
+        self.current_key = ""
 
     def entry_at(self, index: int) -> dict[str, Any]:
         """Entry ``index % size`` of the dataset (under the global-RNG lock)."""
@@ -133,16 +134,24 @@ class ReasoningGymEnv(Env):
     def index_of(self, seed: int) -> int:
         return seed % len(self.dataset)
 
+    def _key(self, question: str) -> str:
+        return f"reasoning_gym/{self.name}:{hashlib.sha256(question.encode()).hexdigest()[:16]}"
+
+    def task_key(self, seed: int) -> str:
+        """The content identity of the entry ``reset(seed=seed)`` shows: the dataset and its question's hash (the
+        env contract's ``task_key``; two seeds on one entry, ``seed % size``, share it)."""
+        return self._key(str(self.entry_at(self.index_of(seed))["question"]))
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
         """Shows entry ``seed % size`` (a random one from ``self.np_random`` when ``seed`` is None)."""
         super().reset(seed=seed)
         self.index = self.index_of(seed) if seed is not None else int(self.np_random.integers(len(self.dataset)))
         self.entry = self.entry_at(self.index)
         question = str(self.entry["question"])
-        self.task_key = f"reasoning_gym/{self.name}:{hashlib.sha256(question.encode()).hexdigest()[:16]}"
+        self.current_key = self._key(question)
         obs = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + [
             {"role": "user", "content": question}]
-        return obs, {"task_key": self.task_key, "dataset": self.name, "index": self.index, "question": question}
+        return obs, {"task_key": self.current_key, "dataset": self.name, "index": self.index, "question": question}
 
     def step(self, action: str) -> StepResult:
         """Scores the answer; always terminates."""
@@ -150,7 +159,7 @@ class ReasoningGymEnv(Env):
             return [{"role": "user", "content": "The question is already answered. Call reset() for a new one."}], 0.0, True, False, {"invalid_action": True}
         entry, self.entry = self.entry, None
         answer = extract_answer(str(action))
-        info: dict[str, Any] = {"task_key": self.task_key, "invalid_action": answer is None}
+        info: dict[str, Any] = {"task_key": self.current_key, "invalid_action": answer is None}
         try:
             with global_rng(self.name, self.config.get("seed"), self.index, "score"):
                 reward = float(self.dataset.score_answer(answer, entry))

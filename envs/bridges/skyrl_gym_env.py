@@ -8,7 +8,8 @@ messages or a string, plus the extras), makes the env with ``skyrl_gym.make(id, 
 returns ``env.init(prompt)``'s conversation; each ``step`` returns the step output's ``observations``, ``reward`` and
 ``done`` (terminated). ``close`` closes the SkyRL env.
 
-``info["task_key"]`` of ``reset`` is ``skyrl_gym/<id>:<sha256 of the row>`` (prompt and ground truth).
+``task_key(seed)`` (also ``info["task_key"]`` of ``reset``) is ``skyrl_gym/<id>:<sha256 of the row>`` (prompt and
+ground truth), computed without making an env.
 """
 
 from __future__ import annotations
@@ -65,8 +66,15 @@ class SkyRLGymEnv(Env):
         self.env_id, self.rows = env, load_rows(tasks)
         self.env_config = dict(env_config or {})
         self.sky: Any = None
-        self.task_key = ""
+        self.current_key = ""
         self.done = True
+
+    def _key(self, row: dict[str, Any]) -> str:
+        return f"skyrl_gym/{self.env_id}:{hashlib.sha256(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()[:16]}"
+
+    def task_key(self, seed: int) -> str:
+        """The content identity of row ``seed % len(rows)`` (the env contract's ``task_key``; makes no env)."""
+        return self._key(self.rows[seed % len(self.rows)])
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
         """Makes the env for row ``seed % len(rows)`` (drawn from ``self.np_random`` when ``seed`` is None)."""
@@ -79,10 +87,9 @@ class SkyRLGymEnv(Env):
         self.sky = skyrl_gym.make(self.env_id, env_config=self.env_config, extras=extras)
         obs, metadata = self.sky.init(prompt)
         self.done = False
-        digest = hashlib.sha256(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        self.task_key = f"skyrl_gym/{self.env_id}:{digest}"
+        self.current_key = self._key(row)
         info = {k: v for k, v in (metadata or {}).items() if isinstance(v, (str, int, float, bool))}
-        return [dict(m) for m in obs], {**info, "task_key": self.task_key, "index": index}
+        return [dict(m) for m in obs], {**info, "task_key": self.current_key, "index": index}
 
     def step(self, action: str) -> StepResult:
         """One SkyRL step: its observations, reward and done."""
@@ -98,7 +105,7 @@ class SkyRLGymEnv(Env):
         obs = [dict(m) for m in (out.get("observations") or [])]
         if not obs:  # an agentrl step always says something: SkyRL's "no observation" becomes a short note
             obs = [{"role": "user", "content": f"Reward {reward:g}." if self.done else "(no observation)"}]
-        return obs, reward, self.done, False, {**info, "task_key": self.task_key}
+        return obs, reward, self.done, False, {**info, "task_key": self.current_key}
 
     def close(self) -> None:
         if self.sky is not None:

@@ -14,7 +14,7 @@ Invariants:
   process-wide lock, swaps the env's states in, and swaps the process's back out. So concurrent episodes on threads
   neither interleave their draws nor move anyone else's generator, and a seed gives the same game everywhere.
 - A game for several players fails at ``reset`` with an error that says so.
-- ``info["task_key"]`` of ``reset`` is ``textarena/<game>:<sha256 of the opening and the game's state>`` (the state
+- ``task_key(seed)`` (also ``info["task_key"]`` of ``reset``) is ``textarena/<game>:<sha256 of the opening and the game's state>`` (the state
   holds the hidden parts, such as the number to guess).
 """
 
@@ -60,7 +60,7 @@ class TextArenaEnv(Env):
         self.make_id = game + "-raw" if game + "-raw" in ENV_REGISTRY else game
         self.game_kwargs = game_kwargs
         self.game: Any = None
-        self.task_key = ""
+        self.current_key = ""
         self._py_state: Any = None
         self._np_state: Any = None
         self.done = True
@@ -109,8 +109,13 @@ class TextArenaEnv(Env):
         self.done = False
         state = getattr(getattr(self.game, "state", None), "game_state", None)
         content = json.dumps([text, state], sort_keys=True, default=str)
-        self.task_key = f"textarena/{self.game_id}:{hashlib.sha256(content.encode()).hexdigest()[:16]}"
-        return [{"role": "user", "content": text}], {"task_key": self.task_key}
+        self.current_key = f"textarena/{self.game_id}:{hashlib.sha256(content.encode()).hexdigest()[:16]}"
+        return [{"role": "user", "content": text}], {"task_key": self.current_key}
+
+    def task_key(self, seed: int) -> str:
+        """The content identity of the game ``reset(seed=seed)`` deals (the env contract's ``task_key``): resets
+        this instance to read it, which costs a game's set-up and nothing more."""
+        return self.reset(seed=seed)[1]["task_key"]
 
     def step(self, action: str) -> StepResult:
         """Plays ``action`` as the move; terminates with the game's reward when the game ends."""
@@ -123,7 +128,7 @@ class TextArenaEnv(Env):
             return done, text, (self.game.close() if done else None)
 
         done, text, closed = self._call(play)
-        info: dict[str, Any] = {"task_key": self.task_key}
+        info: dict[str, Any] = {"task_key": self.current_key}
         reward = 0.0
         if done:
             self.done = True

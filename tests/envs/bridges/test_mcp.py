@@ -55,6 +55,8 @@ def test_tools_come_from_the_server_and_calls_go_through_it():
         assert info["tools"][0]["function"]["parameters"]["required"] == ["name"]
         assert "lookup" in obs[0]["content"] and obs[1] == {"role": "user", "content": "How old will Cleo be in 7 years?"}
         assert info["task_key"].startswith("mcp/mcp_demo_tasks:")
+        fresh = agentrl.make(MCP).unwrapped
+        assert fresh.task_key(2) == fresh.task_key(8) == info["task_key"] and fresh.conn is None  # no server started
         out, reward, term, trunc, info = env.step(format_tool_call("lookup", {"name": "Cleo"}) + format_tool_call("lookup", {"name": "Zed"}))
         assert out[0] == {"role": "tool", "name": "lookup", "content": "Cleo: age 27, city Kyoto"}
         assert out[1]["content"].startswith("error:") and info["invalid_action"] and not term

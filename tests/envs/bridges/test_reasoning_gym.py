@@ -56,6 +56,8 @@ def test_seed_picks_the_entry_and_task_key_is_the_content():
     assert info_c["task_key"] != info_a["task_key"]
     # size bounds the pool: seed 507 is entry 7 again at the default size 500
     assert a.reset(seed=507)[1]["task_key"] == info_a["task_key"]
+    # the env contract's task_key(seed): the same key, without a reset; seeds on one entry share it
+    assert a.unwrapped.task_key(7) == a.unwrapped.task_key(507) == info_a["task_key"] != a.unwrapped.task_key(8)
     # the config changes the content (dataset_seed is the library config's seed)
     assert agentrl.make(LEGS, dataset_seed=1).reset(seed=7)[1]["task_key"] != info_a["task_key"]
 

@@ -29,6 +29,8 @@ def test_single_turn_gsm8k_is_scored_by_skyrl():
     env.reset(seed=0)
     assert env.step("#### 30")[1:3] == (0.0, True)
     assert agentrl.make(GSM8K, tasks=ROWS).reset(seed=4)[1]["task_key"] == info["task_key"]  # 4 rows: seed 4 is row 0
+    fresh = agentrl.make(GSM8K, tasks=ROWS).unwrapped
+    assert fresh.task_key(8) == info["task_key"] and fresh.sky is None  # task_key(seed) makes no SkyRL env
 
 
 def test_multi_turn_gsm8k_gives_turn_rewards_and_observations():

@@ -57,6 +57,8 @@ def test_guess_the_number_is_played_and_rewarded_by_the_game():
 def test_task_key_is_the_hidden_content_and_seeds_reproduce():
     keys = [agentrl.make(GUESS).reset(seed=s)[1]["task_key"] for s in (0, 0, 1, 2, 3)]
     assert keys[0] == keys[1] and len(set(keys)) == 4  # same opening text; the number to guess differs
+    env = agentrl.make(GUESS).unwrapped
+    assert [env.task_key(s) for s in (0, 1, 2, 3)] == keys[1:]  # the env contract's task_key(seed)
 
 
 def _play_2048(seed: int) -> list[str]:
