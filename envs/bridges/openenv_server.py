@@ -27,8 +27,8 @@ try:
 except ImportError as e:  # an optional extra: say which
     raise ImportError(f"serving OpenEnv needs openenv-core: pip install 'agentrl[openenv]' ({e})") from e
 
-import agentrl
 from agentrl.core import Env, as_messages
+from agentrl.registration import make
 
 
 class AgentrlAction(Action):
@@ -68,7 +68,7 @@ def environment_class(env_id: str, env_kwargs: dict[str, Any] | None = None, nat
 
         def __init__(self) -> None:
             super().__init__()
-            self.env = agentrl.make(env_id, **kwargs)
+            self.env = make(env_id, **kwargs)
             self._state = State(episode_id=None, step_count=0)
 
         def reset(self, seed: int | None = None, episode_id: str | None = None, task: Any = None,
@@ -108,7 +108,7 @@ def environment_class(env_id: str, env_kwargs: dict[str, Any] | None = None, nat
 
 def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_sessions: int = 64) -> Any:
     """The FastAPI app serving ``env_id`` (checked by making one env first, so a bad id or kwarg fails here)."""
-    probe = agentrl.make(env_id, **(env_kwargs or {}))
+    probe = make(env_id, **(env_kwargs or {}))
     native_async = type(probe.unwrapped).areset is not Env.areset  # its own async methods: await them
     probe.close()
     return create_fastapi_app(environment_class(env_id, env_kwargs, native_async), AgentrlAction, AgentrlObservation,
