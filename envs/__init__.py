@@ -117,3 +117,5 @@ def scripted_policy(env_id: str):
 
 
 __all__ = ["BUILTINS", "mistakes_for", "solver_for", "scripted_policy"]
+
+import agentrl.envs.bridges  # noqa: E402,F401  ids and families of other ecosystems' envs (registered by name only)

@@ -5,7 +5,17 @@ counts as a failure), a seeded episode through the registered wrappers whose act
 ``env.action_space.sample()`` and the env's scripted solver (random text alone when it has none; every returned
 value is checked against the spaces and types), the async path (``areset`` must give the same opening as
 ``reset`` for the same seed, then one ``astep``), and, if the env has a scripted solver, one solver episode whose
-return is reported. It prints one ``PASS``/``FAIL`` line per env and returns 1 if any env failed.
+return is reported. It prints one ``PASS``/``FAIL`` line per env and returns 1 if any env failed. With ``--all``, an
+env whose constructor needs arguments that nobody gave (a server's address) is reported ``SKIP`` with what it needs. Arguments of the
+form ``key=value`` are env kwargs given to every env checked (values read as YAML: ``size=100`` is an int,
+``tools=[a, b]`` a list, anything else a string), e.g. ``agentrl envs check reasoning_gym/leg_counting max_animals=3``.
+
+``serve ID [key=value ...]`` serves the env as an OpenEnv environment server (openenv-core's own server: HTTP and
+the ``/ws`` WebSocket session; see :mod:`agentrl.envs.bridges.openenv_server`), on loopback unless ``--host`` says
+otherwise.
+
+``list`` prints the registered ids, then one ``<namespace>/<name>`` line per env family (ids made on first use;
+``--family NAMESPACE`` lists the family's names).
 """
 
 from __future__ import annotations
@@ -27,14 +37,24 @@ def add_parser(subparsers: Any) -> None:
 
     p_list = sub.add_parser("list", help="print the registered env ids with one-line descriptions")
     p_list.add_argument("--namespace", help="only ids of this namespace (e.g. agentrl)")
+    p_list.add_argument("--family", help="list the names of this env family (e.g. reasoning_gym; imports its library)")
     p_list.set_defaults(func=_list)
 
     p_check = sub.add_parser("check", help="run gymnasium's checker and a seeded random-action episode per env")
-    p_check.add_argument("ids", nargs="*", metavar="ID", help="env ids to check")
+    p_check.add_argument("ids", nargs="*", metavar="ID|KEY=VALUE",
+                         help="env ids to check, and env kwargs (key=value, value read as YAML) given to each")
     p_check.add_argument("--all", action="store_true", help="check every registered env")
     p_check.add_argument("--seed", type=int, default=0, help="seed of the episodes (default 0)")
     p_check.add_argument("--max-steps", type=int, default=50, help="step cap of the random episode (default 50)")
     p_check.set_defaults(func=_check)
+
+    p_serve = sub.add_parser("serve", help="serve an env as an OpenEnv server (HTTP + WebSocket sessions at /ws)")
+    p_serve.add_argument("id", metavar="ID", help="env id to serve")
+    p_serve.add_argument("kwargs", nargs="*", metavar="KEY=VALUE", help="env kwargs (value read as YAML)")
+    p_serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p_serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p_serve.add_argument("--max-sessions", type=int, default=64, help="concurrent WebSocket sessions (default 64)")
+    p_serve.set_defaults(func=_serve)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -43,52 +63,130 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from agentrl.registration import description, registered_ids
+    from agentrl.registration import RegistrationError, description, families, family_names, registered_ids
 
+    if args.family:
+        try:
+            names = family_names(args.family)
+        except RegistrationError as e:
+            print(f"agentrl envs list: {e}")
+            return 2
+        for name in names:
+            print(f"{args.family}/{name}")
+        return 0
     ids = registered_ids(args.namespace)
-    if not ids:
+    fams = [f for f in families() if args.namespace in (None, f.namespace)]
+    if not ids and not fams:
         print("no environments registered" + (f" in namespace {args.namespace!r}" if args.namespace else ""))
         return 0
-    width = max(len(i) for i in ids)
-    for env_id in ids:
-        print(f"{env_id:<{width}}  {description(env_id)}")
+    rows = [(env_id, description(env_id)) for env_id in ids]
+    rows += [(f"{f.namespace}/<name>", f"{f.description} (names: agentrl envs list --family {f.namespace})")
+             for f in fams]
+    width = max(len(r[0]) for r in rows)
+    for env_id, text in rows:
+        print(f"{env_id:<{width}}  {text}")
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        env_kwargs = parse_env_kwargs(args.kwargs)
+        if not 1 <= args.max_sessions <= 4096:
+            raise ValueError(f"--max-sessions must be in [1, 4096], got {args.max_sessions}")
+        from agentrl.envs.bridges.openenv_server import serve
+    except (ValueError, ImportError) as e:
+        print(f"agentrl envs serve: {e}")
+        return 2
+    try:
+        serve(args.id, env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions)
+    except Exception as e:  # a bad id or kwarg: one line, not a traceback
+        print(f"agentrl envs serve: {type(e).__name__}: {e}")
+        return 1
+    return 0
+
+
+def parse_env_kwargs(items: list[str]) -> dict[str, Any]:
+    """Reads ``key=value`` arguments as env kwargs (each value as YAML; a value YAML cannot read stays a string).
+    Raises ``ValueError`` naming an argument whose key is not an identifier."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, text = item.partition("=")
+        if not key.isidentifier():
+            raise ValueError(f"env kwarg {item!r}: the key must be a Python identifier (key=value)")
+        try:
+            out[key] = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            out[key] = text
+    return out
 
 
 def _check(args: argparse.Namespace) -> int:
     from agentrl.registration import registered_ids
 
-    if args.all and args.ids:
+    if args.all and any("=" not in a for a in args.ids):
         print("agentrl envs check: give env ids or --all, not both")
         return 2
-    ids = registered_ids() if args.all else list(args.ids)
+    try:
+        env_kwargs = parse_env_kwargs([a for a in args.ids if "=" in a])
+    except ValueError as e:
+        print(f"agentrl envs check: {e}")
+        return 2
+    ids = registered_ids() if args.all else [a for a in args.ids if "=" not in a]
     if not ids:
         print("agentrl envs check: give one or more env ids, or --all")
         return 2
     width = max(len(i) for i in ids)
-    failed = 0
+    failed = skipped = 0
     for env_id in ids:
-        ok, detail = check_env_id(env_id, seed=args.seed, max_steps=args.max_steps)
+        needs = _required_kwargs(env_id, env_kwargs) if args.all else []
+        if needs:  # --all cannot invent a server address: say so instead of failing the env
+            skipped += 1
+            print(f"SKIP  {env_id:<{width}}  needs env kwargs {', '.join(f'{k}=...' for k in needs)}", flush=True)
+            continue
+        ok, detail = check_env_id(env_id, seed=args.seed, max_steps=args.max_steps, env_kwargs=env_kwargs)
         failed += not ok
         print(f"{'PASS' if ok else 'FAIL'}  {env_id:<{width}}  {detail}", flush=True)
-    print(f"{len(ids) - failed} passed, {failed} failed")
+    print(f"{len(ids) - failed - skipped} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     return 1 if failed else 0
+
+
+def _required_kwargs(env_id: str, given: dict[str, Any]) -> list[str]:
+    """The constructor arguments of ``env_id`` that have no default and are neither registered nor ``given``."""
+    import importlib
+    import inspect
+
+    from agentrl.registration import spec
+
+    s = spec(env_id)
+    ep = s.entry_point
+    try:
+        if isinstance(ep, str):
+            module, _, attr = ep.partition(":")
+            ep = getattr(importlib.import_module(module), attr)
+        params = inspect.signature(ep).parameters.values()
+    except Exception:  # unloadable or opaque: let the check itself report it
+        return []
+    return [p.name for p in params if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in s.kwargs and p.name not in given]
 
 
 class _CheckFailed(Exception):
     pass
 
 
-def check_env_id(env_id: str, *, seed: int = 0, max_steps: int = 50) -> tuple[bool, str]:
-    """Checks one registered env; returns ``(ok, detail)``. Never raises for a broken env: the exception
-    becomes the detail, prefixed by the stage that failed."""
+def check_env_id(env_id: str, *, seed: int = 0, max_steps: int = 50,
+                 env_kwargs: dict[str, Any] | None = None) -> tuple[bool, str]:
+    """Checks one registered env, made with ``env_kwargs``; returns ``(ok, detail)``. Never raises for a broken
+    env: the exception becomes the detail, prefixed by the stage that failed."""
     import agentrl
 
     stage = "make"
     notes: list[str] = []
     env = None
     try:
-        env = agentrl.make(env_id)
+        env = agentrl.make(env_id, **(env_kwargs or {}))
         stage = "check_env"
         _gymnasium_check(env.unwrapped)
         notes.append("check_env ok")

@@ -1,0 +1,53 @@
+"""Environments from other ecosystems, run unchanged: one module per ecosystem, each an optional extra.
+
+============================ ============================================== =========================
+id                           what                                           extra
+============================ ============================================== =========================
+``reasoning_gym/<dataset>``  a reasoning-gym dataset (family: every name)   ``agentrl[reasoning-gym]``
+``textarena/<game id>``      a TextArena single-player game (family)        ``agentrl[textarena]``
+``skyrl_gym/<env id>``       a SkyRL-Gym env per dataset row (``tasks=``)   ``agentrl[skyrl-gym]``
+``mcp/Tools-v0``             the tools of any MCP server, tasks from JSONL  ``agentrl[mcp]``
+``openenv/Client-v0``        a remote OpenEnv server (``url=``), over /ws   ``agentrl[openenv]``
+============================ ============================================== =========================
+
+And the other way: ``agentrl envs serve ID`` serves any agentrl env as an OpenEnv server
+(:mod:`agentrl.envs.bridges.openenv_server`).
+
+This module is imported by ``import agentrl`` (through ``agentrl.envs``): it registers ids and families by name
+only; each ecosystem's library is imported when one of its envs is made, and a missing one fails then with an
+error naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+
+from agentrl.registration import families, register, register_family
+
+_FAMILIES = {
+    "reasoning_gym": dict(entry_point="agentrl.envs.bridges.reasoninggym:ReasoningGymEnv", name_kwarg="dataset",
+                          names="agentrl.envs.bridges.reasoninggym:dataset_names", extra="reasoning-gym",
+                          description="reasoning-gym dataset: one generated question, scored by its score_answer"),
+    "textarena": dict(entry_point="agentrl.envs.bridges.textarena_env:TextArenaEnv", name_kwarg="game",
+                      names="agentrl.envs.bridges.textarena_env:game_names", extra="textarena", max_episode_steps=64,
+                      description="TextArena single-player game, played unchanged"),
+    "skyrl_gym": dict(entry_point="agentrl.envs.bridges.skyrl_gym_env:SkyRLGymEnv", name_kwarg="env",
+                      names="agentrl.envs.bridges.skyrl_gym_env:env_names", extra="skyrl-gym", max_episode_steps=32,
+                      description="SkyRL-Gym env, made per dataset row (kwarg tasks=rows.jsonl)"),
+}
+_IDS = {
+    "mcp/Tools-v0": dict(entry_point="agentrl.envs.bridges.mcp_tools:MCPToolEnv", max_episode_steps=16,
+                         description="An MCP server's tools as a multi-turn tool env (kwargs server= or url=, "
+                                     "tasks=, checker=)"),
+    "openenv/Client-v0": dict(entry_point="agentrl.envs.bridges.openenv_client:OpenEnvClientEnv",
+                              description="A remote OpenEnv environment over its /ws WebSocket session "
+                                          "(kwarg url=http://HOST:PORT)"),
+}
+
+_known = {f.namespace for f in families()}  # this module may be imported again (reloaded): register once
+for _namespace, _fields in _FAMILIES.items():
+    if _namespace not in _known:
+        register_family(_namespace, **_fields)
+for _id, _fields in _IDS.items():
+    if _id not in gymnasium.registry:
+        register(_id, **_fields)

@@ -1,0 +1,140 @@
+"""TextArena single-player games as agentrl envs: ``agentrl.make("textarena/<game id>")``, e.g.
+``textarena/GuessTheNumber-v0``.
+
+Flow: ``reset(seed)`` makes the game (its ``-raw`` variant when TextArena registers one: no observation wrappers, so
+each observation holds only what is new) and resets it for one player with that seed; the game's messages since the
+player's last turn become one user message (the player's own move, which TextArena echoes back, left out). ``step``
+plays the model's text as the move; at the end of the game its reward (``close()``'s reward of player 0) is the
+step's reward and the episode terminates.
+
+Invariants:
+
+- TextArena seeds and draws from the process-global ``random`` (``reset(seed)`` calls ``random.seed``) and some games
+  from ``numpy.random``. Each env keeps its own state of both generators: every call into the game holds one
+  process-wide lock, swaps the env's states in, and swaps the process's back out. So concurrent episodes on threads
+  neither interleave their draws nor move anyone else's generator, and a seed gives the same game everywhere.
+- A game for several players fails at ``reset`` with an error that says so.
+- ``task_key(seed)`` (also ``info["task_key"]`` of ``reset``) is ``textarena/<game>:<sha256 of the opening and the game's state>`` (the state
+  holds the hidden parts, such as the number to guess).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+from typing import Any, Callable, TypeVar
+
+import numpy as np
+
+from agentrl.core import Env, Message, StepResult
+
+try:
+    import textarena
+    from textarena.envs.registration import ENV_REGISTRY
+except ImportError as e:  # an optional extra: say which
+    raise ImportError(f"textarena envs need the textarena package: pip install 'agentrl[textarena]' ({e})") from e
+
+T = TypeVar("T")
+_LOCK = threading.Lock()
+_VARIANTS = ("-raw", "-train")
+
+
+def game_names() -> list[str]:
+    """TextArena's game ids (wrapper variants left out): the ``textarena/<id>`` names."""
+    return sorted(k for k in ENV_REGISTRY if not k.endswith(_VARIANTS))
+
+
+class TextArenaEnv(Env):
+    """One single-player TextArena game (see the module docstring). kwargs: ``game`` (set by the id) and the game's
+    own kwargs (e.g. ``max_turns=5``), passed to ``textarena.make``."""
+
+    description = "TextArena single-player game, played unchanged"
+
+    def __init__(self, game: str, **game_kwargs: Any):
+        super().__init__()
+        if game not in ENV_REGISTRY:
+            raise ValueError(f"TextArenaEnv: unknown game {game!r} (see textarena's ENV_REGISTRY)")
+        self.game_id = game
+        self.make_id = game + "-raw" if game + "-raw" in ENV_REGISTRY else game
+        self.game_kwargs = game_kwargs
+        self.game: Any = None
+        self.current_key = ""
+        self._py_state: Any = None
+        self._np_state: Any = None
+        self.done = True
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """Runs ``fn`` with this env's states of ``random`` and ``numpy.random`` in place (under the lock)."""
+        with _LOCK:
+            saved_py, saved_np = random.getstate(), np.random.get_state()
+            try:
+                if self._py_state is not None:
+                    random.setstate(self._py_state)
+                    np.random.set_state(self._np_state)
+                return fn()
+            finally:
+                self._py_state, self._np_state = random.getstate(), np.random.get_state()
+                random.setstate(saved_py)
+                np.random.set_state(saved_np)
+
+    def _text(self) -> str:
+        _, observation = self.game.get_observation()
+        parts = [str(text).strip() for _, text, *kind in (observation or [])
+                 if not (kind and getattr(kind[0], "name", "") == "PLAYER_ACTION")]  # the player's own move, echoed
+        return "\n".join(p for p in parts if p)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        """A new game for one player, seeded with ``seed`` (or a seed drawn from ``self.np_random``)."""
+        super().reset(seed=seed)
+        game_seed = seed if seed is not None else int(self.np_random.integers(2**31))
+        np_seed = game_seed % 2**32
+
+        def start() -> str:
+            np.random.seed(np_seed)  # TextArena seeds only `random`; numpy's draws get the same seed
+            try:
+                self.game = textarena.make(self.make_id, **self.game_kwargs)
+            except Exception as e:  # some games do not import on every Python (3.12-only syntax)
+                raise ValueError(f"TextArena game {self.game_id!r} cannot be made: {type(e).__name__}: {e}") from e
+            try:
+                self.game.reset(num_players=1, seed=game_seed)
+            except Exception as e:
+                raise ValueError(f"TextArena game {self.game_id!r} cannot be played by one player: "
+                                 f"{type(e).__name__}: {e}") from e
+            return self._text() or "(the game says nothing)"
+
+        self._py_state = self._np_state = None
+        text = self._call(start)
+        self.done = False
+        state = getattr(getattr(self.game, "state", None), "game_state", None)
+        content = json.dumps([text, state], sort_keys=True, default=str)
+        self.current_key = f"textarena/{self.game_id}:{hashlib.sha256(content.encode()).hexdigest()[:16]}"
+        return [{"role": "user", "content": text}], {"task_key": self.current_key}
+
+    def task_key(self, seed: int) -> str:
+        """The content identity of the game ``reset(seed=seed)`` deals (the env contract's ``task_key``): resets
+        this instance to read it, which costs a game's set-up and nothing more."""
+        return self.reset(seed=seed)[1]["task_key"]
+
+    def step(self, action: str) -> StepResult:
+        """Plays ``action`` as the move; terminates with the game's reward when the game ends."""
+        if self.done or self.game is None:
+            return [{"role": "user", "content": "The game is over. Call reset() for a new one."}], 0.0, True, False, {"invalid_action": True}
+
+        def play() -> tuple[bool, str, Any]:
+            done, _ = self.game.step(str(action))
+            text = self._text()
+            return done, text, (self.game.close() if done else None)
+
+        done, text, closed = self._call(play)
+        info: dict[str, Any] = {"task_key": self.current_key}
+        reward = 0.0
+        if done:
+            self.done = True
+            rewards, game_info = closed
+            reward = float((rewards or {}).get(0, 0.0))
+            player = (game_info or {}).get(0, {})
+            info.update({k: v for k, v in player.items() if isinstance(v, (str, int, float, bool))})
+            text = "\n".join(p for p in (text, str(player.get("reason", "")).strip()) if p)  # the verdict
+        return [{"role": "user", "content": text or "(the game says nothing)"}], reward, done, False, info

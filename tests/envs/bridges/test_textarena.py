@@ -1,0 +1,131 @@
+"""TextArena single-player games as agentrl envs (the real textarena package): ids by family, per-env global-RNG
+states under one lock, rewards from the game, ``agentrl envs check`` and 64 episodes at once through the manager."""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+
+import numpy as np
+import pytest
+
+import agentrl
+from agentrl.cli import main
+from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
+from agentrl.policy import ScriptedPolicy
+
+import textarena  # noqa: F401  the textarena extra (setup.sh installs it)
+
+pytestmark = pytest.mark.timeout(300)
+
+GUESS = "textarena/GuessTheNumber-v0"
+MOVES = ["[Up]", "[Left]", "[Down]", "[Right]"] * 3
+
+
+def _bisect(conversation, meta=None) -> str:
+    """Binary search over 1..20 from the game's 'higher' / 'lower' replies."""
+    lo, hi, last = 1, 20, None
+    for m in conversation:
+        if m["role"] == "assistant":
+            found = re.search(r"\[(\d+)\]", m["content"])
+            last = int(found.group(1)) if found else None
+        elif m["role"] == "user" and last is not None:
+            if "higher" in m["content"]:
+                lo = last + 1
+            elif "lower" in m["content"]:
+                hi = last - 1
+    return f"[{(lo + hi) // 2}]"
+
+
+def test_guess_the_number_is_played_and_rewarded_by_the_game():
+    env = agentrl.make(GUESS)
+    obs, info = env.reset(seed=3)
+    assert "Guess The Number" in obs[0]["content"] and info["task_key"].startswith(f"{GUESS}:")
+    conversation = list(obs)
+    while True:
+        action = _bisect(conversation)
+        conversation.append({"role": "assistant", "content": action})
+        out, reward, terminated, truncated, info = env.step(action)
+        conversation += out
+        if terminated or truncated:
+            break
+    assert terminated and reward == 1.0 and "Congratulations" in out[0]["content"]
+    assert env.step("[1]")[2] is True  # after the end: a note, no crash
+
+
+def test_task_key_is_the_hidden_content_and_seeds_reproduce():
+    keys = [agentrl.make(GUESS).reset(seed=s)[1]["task_key"] for s in (0, 0, 1, 2, 3)]
+    assert keys[0] == keys[1] and len(set(keys)) == 4  # same opening text; the number to guess differs
+    env = agentrl.make(GUESS).unwrapped
+    assert [env.task_key(s) for s in (0, 1, 2, 3)] == keys[1:]  # the env contract's task_key(seed)
+
+
+def _play_2048(seed: int) -> list[str]:
+    env = agentrl.make("textarena/2048-v0")
+    obs, _ = env.reset(seed=seed)
+    seen = [obs[0]["content"]]
+    for move in MOVES:
+        out, _, terminated, truncated, _ = env.step(move)
+        seen.append(out[0]["content"])
+        if terminated or truncated:
+            break
+    return seen
+
+
+def test_each_env_keeps_its_own_global_rng_state_across_threads():
+    """2048 draws a new tile from the global random after every move: games on threads interleave their moves, and
+    each still plays as it does alone; the caller's generators do not move."""
+    want = {s: _play_2048(s) for s in range(4)}
+    assert len({tuple(v) for v in want.values()}) == 4
+    # two games interleaved move by move on one thread: each draws its tiles from its own stream
+    a, b = agentrl.make("textarena/2048-v0"), agentrl.make("textarena/2048-v0")
+    seen = {0: [a.reset(seed=0)[0][0]["content"]], 1: [b.reset(seed=1)[0][0]["content"]]}
+    for move in MOVES[: len(want[0]) - 1]:
+        seen[0].append(a.step(move)[0][0]["content"])
+        seen[1].append(b.step(move)[0][0]["content"])
+    assert seen[0] == want[0] and seen[1][: len(seen[0])] == want[1][: len(seen[0])]
+    random.seed(7)
+    np.random.seed(7)
+    before = (random.getstate(), np.random.get_state()[1].copy())
+    got: dict[tuple[int, int], list[str]] = {}
+    barrier = threading.Barrier(8)
+
+    def run(seed: int, k: int) -> None:
+        barrier.wait()
+        got[(seed, k)] = _play_2048(seed)
+
+    threads = [threading.Thread(target=run, args=(s, k)) for s in range(4) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(got[(s, k)] == want[s] for s in range(4) for k in range(2))
+    assert random.getstate() == before[0] and (np.random.get_state()[1] == before[1]).all()
+
+
+def test_games_that_cannot_run_say_why():
+    with pytest.raises(ValueError, match="cannot be played by one player: AssertionError: The number of players has to be 2"):
+        agentrl.make("textarena/ConnectFour-v0").reset(seed=0)
+    with pytest.raises(agentrl.RegistrationError, match="did you mean 'textarena/GuessTheNumber-v0'"):
+        agentrl.make("textarena/GuessTheNumbr-v0")
+
+
+def test_envs_check_on_single_player_games(capsys):
+    ids = [GUESS, "textarena/TowerOfHanoi-v0", "textarena/Sudoku-v0"]
+    assert main(["envs", "check", *ids, "max_turns=12"]) == 0  # a game's own kwarg, from the command line
+    assert capsys.readouterr().out.rstrip().endswith("3 passed, 0 failed")
+    assert main(["envs", "check", "textarena/2048-v0", "max_turns=12"]) == 1  # 2048 takes no max_turns: it says so
+    assert "got an unexpected keyword argument 'max_turns'" in capsys.readouterr().out
+    assert main(["envs", "check", "textarena/2048-v0"]) == 0
+
+
+async def test_64_episodes_at_once_through_the_manager_are_reproducible():
+    specs = [EpisodeSpec(GUESS, seed=s) for s in range(64)]
+    async with EnvManager(ManagerConfig(max_concurrency=64), ScriptedPolicy(_bisect)) as m:
+        first = await m.run_episodes(specs)
+        again = await m.run_episodes(specs[:16])
+    assert [t.error for t in first + again] == [None] * 80
+    assert all(t.reward == 1.0 and t.termination == "terminated" for t in first + again)
+    assert [t.messages for t in first[:16]] == [t.messages for t in again]
+    assert len({t.num_turns for t in first}) > 1  # different hidden numbers, different searches
