@@ -13,6 +13,7 @@ from agentrl.inference.config import EngineConfig
 from agentrl.manager import EpisodeConfig, ManagerConfig
 from agentrl.agent.loop import RolloutConfig
 from agentrl.controller.heldout import DEMO_SEED_START, EVAL_SEED_START  # noqa: F401  (re-exported)
+from agentrl.controller.dynamic import DynamicSamplingConfig
 from agentrl.controller.runlog import TrajectoryLogConfig
 from agentrl.controller.tail import TailBatchingConfig
 from agentrl.trainer.config import TrainerConfig
@@ -114,6 +115,7 @@ class TrainConfig:
     trajectory_log: TrajectoryLogConfig = field(default_factory=TrajectoryLogConfig)  # for `agentrl view`
     tail_batching: TailBatchingConfig = field(default_factory=TailBatchingConfig)
     streaming: bool = False
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     ray_address: str | None = None
     ray_num_cpus: int | None = None
     trainer_num_cpus: float = 1.0
@@ -167,6 +169,10 @@ class TrainConfig:
                                  f"({m.extra_groups}) or manager.extra_per_group ({m.extra_per_group}): short rounds "
                                  f"over-provision with tail_batching.extra_prompts, and keeping a group's first "
                                  f"finishers would bias the long rounds toward short responses; set them to 0")
+        if self.dynamic_sampling.enabled and (t.enabled or self.streaming):
+            raise ValueError(f"dynamic_sampling.enabled cannot be combined with tail_batching.enabled ({t.enabled}) or "
+                             f"streaming ({self.streaming}): it decides on whole batches, after the rollout; turn "
+                             f"one of them off")
         if self.streaming and (self.trainer.num_mini_batches != 1 or self.trainer.ppo_epochs != 1):
             raise ValueError(f"streaming needs trainer.num_mini_batches: 1 and trainer.ppo_epochs: 1 (got "
                              f"{self.trainer.num_mini_batches} and {self.trainer.ppo_epochs}): several optimizer "

@@ -61,6 +61,7 @@ from agentrl.manager import EpisodeSpec
 from agentrl.controller.runlog import TrajectoryLog
 from agentrl.controller.weights import WeightSync
 from agentrl.controller.batches import ContinuousBatches, StreamedStep
+from agentrl.controller.dynamic import DynamicBatches
 from agentrl.controller.tail import BudgetPolicy, TailPlanner, TailRounds
 from agentrl.controller.config import (DEMO_SEED_START, EVAL_SEED_START, EnvConfig, EvalConfig, TrainConfig,  # noqa: F401
                                   WarmStartConfig, load_config)
@@ -365,6 +366,8 @@ def _batch_source(cfg: TrainConfig, mgr: Any, policy: Any, tasks: TaskLedger) ->
         return TailRounds(mgr, policy, planner, tasks.spec_for, tasks.open_task, tasks.dropped)
     src = ContinuousBatches(mgr, tasks.next_spec)
     src.start()
+    if cfg.dynamic_sampling.enabled:
+        return DynamicBatches(src, mgr, cfg.trainer.advantage, cfg.dynamic_sampling)
     return src
 
 
@@ -399,7 +402,7 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, we
                 try:
                     groups = await source.next_batch(num_groups, cfg.steps - step,
                                                       stream.feed if stream is not None else None)
-                    if not groups or len(groups) < num_groups:
+                    if not groups or (len(groups) < num_groups and not cfg.dynamic_sampling.enabled):
                         raise RuntimeError(f"the manager stopped producing groups (got {len(groups or [])} of "
                                            f"{num_groups})" + (f": {tasks.error}" if tasks.error else ""))
                 except BaseException:
@@ -407,6 +410,8 @@ async def _loop(cfg: TrainConfig, files: RunFiles, trainer: Any, engine: Any, we
                         await stream.abort()
                     raise
                 trained_tasks = tasks.trained(groups)
+                if isinstance(source, DynamicBatches):  # played, left out of the update: closed, never replayed
+                    tasks.dropped(g.id for g in source.left_out)
                 t_got = time.perf_counter()
                 if stream is not None:
                     metrics, trainer_busy = await stream.finish()  # busy also while the batch was incomplete

@@ -373,3 +373,43 @@ async def test_a_streamed_step_asks_for_its_groups_with_the_steps_capacity():
     got = await ContinuousBatches(_Mgr(), lambda: None).next_batch(3, 1, fed.append)
     assert [g.id for g in got] == [g.id for g in fed] == ["task1", "task2", "task3"]
     assert calls == [(1, {"batch": 3, "taken": 0}), (1, {"batch": 3, "taken": 1}), (1, {"batch": 3, "taken": 2})]
+
+
+# ------------------------------------------------------------------------------------------ dynamic sampling
+@pytest.mark.parametrize("extra", [0, 6])
+async def test_dynamic_sampling_trains_only_groups_with_signal_and_closes_every_task_once(tmp_path, extra):
+    """Pareto-long episodes (reward = turns): about a third of the groups of 2 tie. Tied groups are left out of the
+    update and replaced (up to ``extra`` per step) under the same admission rule: nothing is staler than α, every
+    opened task is trained or dropped exactly once, and admission's count stays one batch a step."""
+    from agentrl.controller.dynamic import DynamicSamplingConfig
+
+    n = 3
+    cfg = _cfg(tmp_path, {"turns_tail": 1.0, "turns_max": 6, "step_latency": 0.002}, steps=10, async_ratio=1,
+               manager=ManagerConfig(num_groups=n, group_size=2, max_turns=8),
+               dynamic_sampling=DynamicSamplingConfig(enabled=True, max_extra_groups=extra))
+    trainer = RecordingTrainer(train_s=0.002)
+    rows, tasks, _ = await _run(cfg, trainer)
+    assert len(trainer.batches) == 10 and trainer.max_staleness <= 1
+    left_out = sum(r["dynamic_sampling/groups_left_out"] for r in rows)
+    assert left_out > 0  # the env ties often enough for the rule to act
+    for batch in trainer.batches:
+        with_signal = [len({t.reward for t in g.trajectories}) > 1 for g in batch]
+        if any(with_signal):
+            assert all(with_signal)  # a tied group is trained only when no group of its step had signal
+        if extra:
+            assert len(batch) <= n
+    trained = [t for r in rows for t in r["tasks"]]
+    dropped = [t for r in rows for t in r["dropped_tasks"]]
+    assert len(set(trained)) == len(trained) and not set(trained) & set(dropped)
+    assert len(set(dropped)) == len(dropped)
+    taken = [r["dynamic_sampling/groups_taken"] for r in rows]
+    if extra:  # left-out groups were replaced: steps took more than n groups, and trained more than without
+        assert max(taken) > n and sum(len(b) for b in trainer.batches) > 10 * n - left_out
+    else:
+        assert taken == [n] * 10
+    assert rows[-1]["manager/dropped_stale"] == 0
+
+
+def test_dynamic_sampling_refuses_streaming_and_tail_batching():
+    with pytest.raises(ConfigError, match="dynamic_sampling.enabled cannot be combined"):
+        load_config(ROOT / "configs" / "quickstart.yaml", ["dynamic_sampling.enabled=true", "streaming=true"])
