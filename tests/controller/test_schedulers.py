@@ -413,3 +413,25 @@ async def test_dynamic_sampling_trains_only_groups_with_signal_and_closes_every_
 def test_dynamic_sampling_refuses_streaming_and_tail_batching():
     with pytest.raises(ConfigError, match="dynamic_sampling.enabled cannot be combined"):
         load_config(ROOT / "configs" / "quickstart.yaml", ["dynamic_sampling.enabled=true", "streaming=true"])
+
+
+async def test_infrastructure_faults_are_replaced_never_scored_and_counted(tmp_path):
+    """5 % of episodes fail (their env raises at its first step, as a lost connection or a killed sandbox does) in a
+    training run: the trainer never sees a failed episode (no zero reward stands in for it), one failure never costs
+    its group, every task is trained exactly once, and the metrics count every failure by its cause."""
+    n, steps = 4, 12
+    cfg = _cfg(tmp_path, {"turns": 2, "step_latency": 0.002, "fault": "raise", "fault_at": 0, "fault_prob": 0.05},
+               steps=steps, async_ratio=1, manager=ManagerConfig(num_groups=n, group_size=4, max_turns=4,
+                                                                 max_failures_per_group=6))
+    trainer = RecordingTrainer(train_s=0.002)
+    rows, tasks, _ = await _run(cfg, trainer)
+    trained = [t for b in trainer.batches for g in b for t in g.trajectories]
+    assert len(trained) == steps * n * 4
+    assert all(t.termination == "terminated" and t.reward == 2.0 and t.error is None for t in trained)
+    last = rows[-1]
+    failures = {k: v for k, v in last.items() if k.startswith("manager/failures/")}
+    assert last["manager/failed"] > 0 and sum(failures.values()) == last["manager/failed"]
+    assert set(failures) == {"manager/failures/env_exception"}
+    assert last["manager/failed_groups"] == 0 and not [t for r in rows for t in r["dropped_tasks"]]
+    ids = [t for r in rows for t in r["tasks"]]
+    assert len(set(ids)) == len(ids) == steps * n
