@@ -65,16 +65,23 @@ class PolicyConfig:
     the name they serve and, unless ``engine.tokenizer`` is set, the tokenizer directory, needed for
     token-in/token-out). ``name`` is the
     ``model_name_or_path`` of predictions. ``engine`` holds ``agentrl.inference.config.EngineConfig`` fields,
-    ``rollout`` ``agentrl.agent.loop.RolloutConfig`` fields (both checked when the policy is built)."""
+    ``rollout`` ``agentrl.agent.loop.RolloutConfig`` fields (both checked when the policy is built).
+    ``openai-chat``: any OpenAI-compatible chat-completions API at ``endpoint`` (``.../v1``) serving ``model``, tool
+    calls in the API's native form, text-level trajectories (:mod:`agentrl.eval.hosted`); ``api`` holds
+    :class:`~agentrl.eval.hosted.HostedConfig` fields (``api_key_env``, ``max_total_tokens``, retries...)."""
 
-    kind: Literal["oracle", "empty", "vllm", "remote"] = "oracle"
+    kind: Literal["oracle", "empty", "vllm", "remote", "openai-chat"] = "oracle"
     model: str | None = None  # vllm: weights dir or "tiny" (default); remote: served name = tokenizer dir
     endpoint: str | None = None
     name: str | None = None
     engine: dict[str, Any] = field(default_factory=dict)
     rollout: dict[str, Any] = field(default_factory=dict)
+    api: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
+        if self.kind == "openai-chat" and not (self.endpoint and self.model):
+            raise ValueError("kind 'openai-chat' needs endpoint (the API root, e.g. https://host/v1) and model (the "
+                             "name it serves)")
         if self.kind == "remote" and not self.endpoint:
             raise ValueError("kind 'remote' needs an endpoint (e.g. http://127.0.0.1:8000)")
         if self.kind == "remote" and not self.model:

@@ -91,6 +91,12 @@ def build_policy(cfg: PolicyConfig, kwargs_by_env: dict[str, dict[str, Any]] | N
         return BuiltPolicy(_DispatchPolicy(oracle_policy_for, kwargs_by_env or {}))
     if cfg.kind == "empty":
         return BuiltPolicy(_DispatchPolicy(empty_policy_for, kwargs_by_env or {}))
+    if cfg.kind == "openai-chat":
+        from agentrl.eval.hosted import HostedChatPolicy, HostedConfig
+
+        hosted = HostedChatPolicy(from_dict(HostedConfig, {"base_url": cfg.endpoint, "model": cfg.model, **cfg.api},
+                                            "policy.api"))
+        return BuiltPolicy(hosted, hosted.aclose)
     from agentrl.inference import EngineConfig, make_engine
     from agentrl.agent.loop import AgentLoopPolicy, RolloutConfig
 

@@ -1,0 +1,188 @@
+"""Hosted-model policies (agentrl.eval.hosted): an OpenAI-compatible chat API acting in agentrl's envs.
+
+Against a scripted chat-completions server on loopback (what a hosted API answers, including its failures), and
+against vLLM's own OpenAI-compatible server (``vllm serve``, a server agentrl did not write) through
+``agentrl eval --policy openai-chat``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from agentrl.eval.hosted import HostedAPIError, HostedChatPolicy, HostedConfig, SpendLimit
+from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
+from agentrl.policy import EpisodeMeta
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeAPI:
+    """A chat-completions server that answers from a script: each entry is ``(status, body)``; requests are kept."""
+
+    def __init__(self, script):
+        self.script, self.requests = list(script), []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests.append({"auth": request.headers.get("Authorization"), "body": await request.json()})
+        status, body = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        return web.json_response(body, status=status)
+
+    async def __aenter__(self):
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.runner.cleanup()
+
+
+def reply(content="", calls=None, prompt=10, completion=5):
+    msg = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = calls
+    return 200, {"choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if calls else "stop"}],
+                 "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
+
+
+def call(name, args, cid="c1"):
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+async def test_native_tool_calls_reach_the_env_and_its_answers_go_back_with_their_call_ids(monkeypatch):
+    monkeypatch.setenv("TEST_HOSTED_KEY", "sk-test")
+    async with FakeAPI([reply("", [call("lookup", {"name": "ada"})]), reply("The answer is 7.")]) as api:
+        pol = HostedChatPolicy(HostedConfig(api.url, "m", api_key_env="TEST_HOSTED_KEY", backoff_s=0))
+        meta = EpisodeMeta("t0", "g0", "env", 0)
+        meta.tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+        s = pol.session(meta)
+        a1 = await s.act([{"role": "user", "content": "How old is Ada?"}])
+        assert '"name": "lookup"' in a1.text and '"arguments": {"name": "ada"}' in a1.text
+        assert a1.tool_calls[0]["id"] == "c1"
+        a2 = await s.act([{"role": "tool", "content": "age 7"}])
+        assert a2.text == "The answer is 7."
+        await pol.aclose()
+    first, second = api.requests
+    assert first["auth"] == "Bearer sk-test" and first["body"]["tools"] == meta.tools
+    assert second["body"]["messages"][-1] == {"role": "tool", "content": "age 7", "tool_call_id": "c1"}
+    assert second["body"]["messages"][-2]["tool_calls"][0]["function"]["name"] == "lookup"
+    assert pol.usage == {"prompt_tokens": 20, "completion_tokens": 10, "requests": 2, "retries": 0}
+    rec = s.token_record()
+    assert rec.token_ids == [] and rec.info["text_level"] is True
+
+
+async def test_rate_limits_and_server_errors_are_retried_then_given_up():
+    async with FakeAPI([(429, {"error": "slow down"}), (503, {"error": "busy"}), reply("ok")]) as api:
+        pol = HostedChatPolicy(HostedConfig(api.url, "m", backoff_s=0.01, retries=3))
+        a = await pol.session(EpisodeMeta("t", "g", "e", 0)).act([{"role": "user", "content": "hi"}])
+        assert a.text == "ok" and pol.usage["retries"] == 2
+        await pol.aclose()
+    async with FakeAPI([(500, {"error": "down"})]) as api:
+        pol = HostedChatPolicy(HostedConfig(api.url, "m", backoff_s=0.01, retries=2))
+        with pytest.raises(HostedAPIError, match="gave up after 3 attempts .*HTTP 500"):
+            await pol.session(EpisodeMeta("t", "g", "e", 0)).act([{"role": "user", "content": "hi"}])
+        await pol.aclose()
+    assert len(api.requests) == 3
+
+
+async def test_a_bad_key_fails_at_once_with_a_clear_error():
+    async with FakeAPI([(401, {"error": {"message": "invalid api key"}})]) as api:
+        pol = HostedChatPolicy(HostedConfig(api.url, "m", backoff_s=0, retries=5))
+        with pytest.raises(HostedAPIError, match="HTTP 401 \\(bad or missing API key.*invalid api key"):
+            await pol.session(EpisodeMeta("t", "g", "e", 0)).act([{"role": "user", "content": "hi"}])
+        await pol.aclose()
+    assert len(api.requests) == 1  # no retry of a refusal
+
+
+async def test_a_server_gone_is_a_clear_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    pol = HostedChatPolicy(HostedConfig(f"http://127.0.0.1:{port}/v1", "m", backoff_s=0, retries=1))
+    with pytest.raises(HostedAPIError, match="gave up after 2 attempts .*(Connect|Connection)"):
+        await pol.session(EpisodeMeta("t", "g", "e", 0)).act([{"role": "user", "content": "hi"}])
+    await pol.aclose()
+
+
+async def test_the_spend_guard_stops_the_run_and_failed_episodes_are_errors_not_rewards():
+    async with FakeAPI([reply("<answer>up</answer>", prompt=60, completion=50)]) as api:
+        pol = HostedChatPolicy(HostedConfig(api.url, "m", backoff_s=0, max_total_tokens=200))
+        async with EnvManager(ManagerConfig(max_concurrency=1, max_turns=8, max_failures_per_group=0), pol) as m:
+            trajs = await m.run_episodes([EpisodeSpec("agentrl/FrozenLake-v0", {"size": 3}, seed=i) for i in range(4)])
+        await pol.aclose()
+    assert pol.spent() == 220  # two requests, then the guard refused every later one
+    errors = [t for t in trajs if t.termination == "error"]
+    assert errors and all("token budget is spent" in t.error for t in errors)
+    with pytest.raises(SpendLimit):
+        await pol.complete({})
+
+
+# ------------------------------------------------------------------- against vLLM's own server (vllm serve)
+@pytest.fixture(scope="module")
+def vllm_serve(tiny_model_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING", VLLM_CPU_OMP_THREADS_BIND="nobind")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
+           "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+           "--host", "127.0.0.1", "--port", str(port), "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"agentrl-test-vllm-serve-{port}.log"), "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, f"vllm serve exited with {proc.returncode}; see {log.name}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"vllm serve not healthy after 300 s; see {log.name}"
+            time.sleep(1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        log.close()
+
+
+@pytest.mark.engine
+def test_agentrl_eval_with_a_hosted_policy_on_bfcl_and_the_tool_env(vllm_serve, tmp_path):
+    """``agentrl eval --policy openai-chat`` against vllm serve: every episode runs through the API (the tiny model
+    answers badly; the report is what matters), trajectories are text-level, and the report is written."""
+    out = tmp_path / "eval"
+    cmd = [sys.executable, "-m", "agentrl.cli", "eval", "--env", "agentrl/BFCL-simple-python-v0", "--env", "agentrl/ToolUse-v0",
+           "--policy", "openai-chat", "--endpoint", vllm_serve, "--model", "tiny", "--limit", "3", "--out", str(out),
+           "--set", "policy.api.max_tokens=32"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    files = {p.name for p in out.iterdir()}
+    assert "report.json" in files or "summary.json" in files, files
+    trajs = [json.loads(x) for f in out.glob("*.jsonl") for x in f.read_text().splitlines() if '"token_ids"' in x]
+    assert trajs, files
+    for line in trajs:
+        t = line.get("trajectory", line)
+        assert t["token_ids"] == [] and t["info"].get("text_level") is True
+        assert t["termination"] in ("terminated", "truncated"), t.get("error")
