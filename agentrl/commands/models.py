@@ -10,7 +10,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("models", help="build the tiny model used by CPU tests and demos")
     sub = parser.add_subparsers(dest="models_command", metavar="ACTION")
     build = sub.add_parser("build", help="build the tiny Qwen2-architecture model and its tokenizer")
-    build.add_argument("--variant", default="tiny", help="tiny (default) or tiny-tool (the tool-use demo's model)")
+    build.add_argument("--variant", default="tiny", help="tiny (default), tiny-tool (the tool-use demo's model) or tiny-64k "
+                       "(tiny with 65,536 positions)")
     build.add_argument("--out", default=None, help="output directory (default: $AGENTRL_TINY_MODEL or "
                        "~/.cache/agentrl/tiny-model; tiny-tool: $AGENTRL_TINY_TOOL_MODEL or ~/.cache/agentrl/tiny-tool-model)")
     build.add_argument("--seed", type=int, default=0, help="random-init and corpus seed (default 0)")

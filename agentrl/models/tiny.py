@@ -6,8 +6,9 @@ The result is an ordinary Hugging Face model directory (``config.json``, ``model
 init, so the same arguments give the same files on the same library versions.
 
 Named variants (:data:`VARIANTS`, the names ``engine.model`` accepts): ``tiny`` (the tests' and the quickstart's
-model, ``~/.cache/agentrl/tiny-model``) and ``tiny-tool`` (the tool-use demo's: wider and deeper, with a tokenizer
-that also learned whole ``agentrl/ToolLookup-v0`` episodes; ``~/.cache/agentrl/tiny-tool-model``). Each variant has
+model, ``~/.cache/agentrl/tiny-model``), ``tiny-tool`` (the tool-use demo's: wider and deeper, with a tokenizer
+that also learned whole ``agentrl/ToolLookup-v0`` episodes; ``~/.cache/agentrl/tiny-tool-model``) and ``tiny-64k``
+(tiny with 65,536 positions, for harness-sized prompts). Each variant has
 its own directory, spec and corpus; building one never touches another's directory.
 """
 
@@ -93,6 +94,10 @@ VARIANTS: dict[str, ModelVariant] = {
                       num_attention_heads=4, num_key_value_heads=2),
         "tiny-tool-model", "AGENTRL_TINY_TOOL_MODEL",
         episode_envs=("agentrl/ToolLookup-v0",), episodes_per_env=2000),
+    # tiny with 64k positions, for harness-sized prompts (30-70k characters with 9-14 tool schemas): RoPE needs no
+    # new weights, so only the declared range differs (engine.max_model_len up to 65,536).
+    "tiny-64k": ModelVariant(TinyModelSpec(max_position_embeddings=65536), "tiny-64k-model", "AGENTRL_TINY_64K_MODEL",
+                             skip_envs=("agentrl/ToolLookup-v0",)),
 }
 
 

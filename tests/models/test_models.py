@@ -185,3 +185,26 @@ def test_tool_variant_is_its_own_model_with_a_tokenizer_for_its_env(tmp_path, to
     # The default model's corpus leaves ToolLookup out: its tokenizer (and the quickstart's figures) stay as before.
     assert not any("How old will" in t or "How old was" in t for t in generate_corpus(skip_envs=VARIANTS["tiny"].skip_envs))
     assert cli_main(["models", "build", "--variant", "huge"]) == 2
+
+
+@pytest.mark.engine
+async def test_the_64k_variant_serves_prompts_past_the_old_4096_positions(tmp_path, tok):
+    """Harness-sized prompts on the CPU: tiny-64k declares 65,536 positions, and vLLM serves a prompt twice as long as
+    the 4,096 tiny declares, every sampled token with a finite log-prob. Its tokenizer is tiny's."""
+    import math
+
+    from agentrl.inference import EngineConfig, SamplingParams
+    from agentrl.inference.vllm_engine import VLLMEngine
+    from agentrl.models import ensure_tiny_model, read_marker
+
+    path = ensure_tiny_model(tmp_path / "m64k", variant="tiny-64k")
+    assert read_marker(path)["spec"]["max_position_embeddings"] == 65536
+    assert json.loads((path / "config.json").read_text())["max_position_embeddings"] == 65536
+    prompt = tok("lookup calculator answer " * 3000, add_special_tokens=False)["input_ids"][:8192]
+    assert len(prompt) == 8192
+    eng = await VLLMEngine.create(EngineConfig(model=str(path), max_model_len=16384, seed=0))
+    try:
+        gen = await eng.generate(prompt, SamplingParams(max_tokens=4, ignore_eos=True), request_id="long")
+    finally:
+        await eng.close()
+    assert len(gen.token_ids) == 4 and all(math.isfinite(x) for x in gen.logprobs)
