@@ -6,6 +6,7 @@ Routes (each also under ``/s/<session>/``, so a client whose only setting is a b
     POST /v1/chat/completions          messages (+ tools, n, stream) -> choices; tokens recorded in the session
     POST /v1/completions               prompt (text or token ids) -> choices
     POST /v1/messages                  Anthropic Messages, on the chat path (:mod:`~agentrl.gateway.anthropic`)
+    POST /v1/responses                 OpenAI Responses, on the chat path (:mod:`~agentrl.gateway.responses_api`)
     GET  /v1/sessions                  live sessions and their counters
     GET  /v1/sessions/<id>             one session's counters (and segment sizes)
     POST /v1/sessions/<id>/end         {"reward": R, "info": {...}} -> the trajectory's summary (the whole
@@ -54,6 +55,8 @@ from agentrl.gateway.guard import HostCheck, app_runner, cross_site_problem, def
 from agentrl.gateway.keys import Keys
 from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, bad, parse_chat, parse_completion, \
     parse_json
+from agentrl.gateway.responses_api import ResponseLog, new_response_id, parse_responses_request, response_body, \
+    response_events
 from agentrl.gateway.responses import chat_body, completion_body, sse_chunks, stream_response
 from agentrl.gateway.session_api import SessionRoutes
 from agentrl.gateway.sessions import Session
@@ -103,6 +106,7 @@ class Gateway(SessionRoutes):
         self._site_port: int | None = None
         self._hosts = HostCheck(self._host_names(), self.cfg.port)
         self.errors: dict[str, int] = {}
+        self.response_log = ResponseLog()
         self._expiry: asyncio.Task | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
@@ -114,6 +118,7 @@ class Gateway(SessionRoutes):
             app.router.add_post(prefix + "/v1/chat/completions", self.chat)
             app.router.add_post(prefix + "/v1/completions", self.completions)
             app.router.add_post(prefix + "/v1/messages", self.messages)
+            app.router.add_post(prefix + "/v1/responses", self.responses)
         app.router.add_get("/v1/sessions", self.list_sessions)
         app.router.add_get("/v1/sessions/{id}", self.get_session)
         app.router.add_post("/v1/sessions/{id}/end", self.end_session)
@@ -317,13 +322,31 @@ class Gateway(SessionRoutes):
         return await self._serve(request, req, lambda d: message_events(d, req.model),
                                  lambda d: message_body(d, req.model), notes, error_frame=error_event, keepalive=PING)
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's Responses (:mod:`agentrl.gateway.responses_api`), served by the same session path as chat."""
+        self._auth(request)
+        raw = await self._body(request)
+        req, notes, owner = parse_responses_request(raw, self.store.max_tokens, self.response_log)
+        rid = new_response_id()
+
+        def body(done: Completion) -> dict[str, Any]:
+            self.response_log.remember(rid, done, req.messages)
+            return response_body(done, req, rid, raw.get("previous_response_id"))
+
+        return await self._serve(request, req, lambda d: response_events(d, body(d)), body, notes, owner=owner)
+
     async def _serve(self, request: web.Request, req: ChatRequest | CompletionRequest,
                      frames: Callable[[Completion], list[bytes]], body: Callable[[Completion], dict[str, Any]],
-                     notes: list[str] | None = None, **stream: Any) -> web.StreamResponse:
+                     notes: list[str] | None = None, owner: str | None = None, **stream: Any) -> web.StreamResponse:
         """Serves a parsed request on its session, whatever the dialect: ``frames`` (streaming) or ``body`` write
-        the result in the dialect's form; ``notes`` (what the gateway changed in the request) go in a header."""
+        the result in the dialect's form; ``notes`` (what the gateway changed in the request) go in a header;
+        ``owner``: the session the request's history belongs to (``previous_response_id``)."""
         self._check_model(req.model)
         session = self._session(request)
+        if owner is not None and owner != session.id:
+            self.store.forget_unused(session.id)
+            raise bad("previous_response_id", f"the previous response belongs to session {owner!r}, not to this "
+                                              f"request's session {session.id!r}", "wrong_session")
         work = self._forget_on_failure(session, session.chat(req) if isinstance(req, ChatRequest)
                                        else session.complete(req))
         headers = {"X-Agentrl-Note": "; ".join(notes)} if notes else {}
