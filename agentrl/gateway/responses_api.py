@@ -189,18 +189,22 @@ def parse_responses_request(body: dict[str, Any], cap: int, log: "ResponseLog") 
 
 class ResponseLog:
     """The conversations of recent responses (their chat messages, reply included) and their sessions, for
-    ``previous_response_id``; the oldest are forgotten past ``limit``."""
+    ``previous_response_id``; the oldest are forgotten past ``limit`` responses or ``max_chars`` characters of
+    content in all (harness prompts run to 70k characters: the bound keeps the log's memory fixed)."""
 
-    def __init__(self, limit: int = 256):
-        self.limit = limit
-        self._log: OrderedDict[str, tuple[str, list[dict[str, Any]]]] = OrderedDict()
+    def __init__(self, limit: int = 256, max_chars: int = 64 << 20):
+        self.limit, self.max_chars, self.chars = limit, max_chars, 0
+        self._log: OrderedDict[str, tuple[str, list[dict[str, Any]], int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._log)
 
     def get(self, rid: str) -> tuple[str, list[dict[str, Any]]]:
         if rid not in self._log:
             raise APIError(404, f"previous response {rid[:80]!r} is not held by this gateway (it keeps the last "
                                 f"{self.limit}); send the whole conversation as input", "invalid_request_error",
                            "previous_response_id", "previous_response_not_found")
-        sid, msgs = self._log[rid]
+        sid, msgs, _ = self._log[rid]
         return sid, [dict(m) for m in msgs]
 
     def remember(self, rid: str, done: Completion, messages: list[dict[str, Any]]) -> None:
@@ -208,9 +212,12 @@ class ResponseLog:
         reply: dict[str, Any] = {"role": "assistant", "content": c.content or ""}
         if c.tool_calls:
             reply["tool_calls"] = c.tool_calls
-        self._log[rid] = (done.session_id, list(messages) + [reply])
-        while len(self._log) > self.limit:
-            self._log.popitem(last=False)
+        msgs = list(messages) + [reply]
+        size = len(json.dumps(msgs, ensure_ascii=False))
+        self._log[rid] = (done.session_id, msgs, size)
+        self.chars += size
+        while self._log and (len(self._log) > self.limit or self.chars > self.max_chars):
+            self.chars -= self._log.popitem(last=False)[1][2]
 
 
 # --------------------------------------------------------------------------------------------------------- replies

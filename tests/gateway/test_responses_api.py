@@ -98,3 +98,20 @@ async def test_previous_response_id_codex_tools_and_defaults(qwen3):
         assert_record_is_engine_record(gw.store.end("codex"), eng)
     finally:
         await gw.stop()
+
+
+def test_response_log_forgets_the_oldest_past_its_bounds():
+    from agentrl.gateway.choices import Choice, Completion
+    from agentrl.gateway.protocol import APIError
+    from agentrl.gateway.responses_api import ResponseLog
+
+    done = Completion("s", 1, [Choice(0, "ok", "ok", None, [], "stop", [1], [-0.1], [0])], 3, False, False)
+    log = ResponseLog(limit=3, max_chars=10_000)
+    for i in range(5):
+        log.remember(f"r{i}", done, [{"role": "user", "content": "x" * 100}])
+    assert len(log) == 3 and log.get("r4")[0] == "s" and log.get("r4")[1][-1] == {"role": "assistant", "content": "ok"}
+    with pytest.raises(APIError) as e:
+        log.get("r1")
+    assert e.value.status == 404 and e.value.param == "previous_response_id"
+    log.remember("big", done, [{"role": "user", "content": "y" * 9_900}])  # the character bound evicts too
+    assert len(log) == 1 and log.chars <= 10_000
