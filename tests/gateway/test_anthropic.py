@@ -186,3 +186,38 @@ def test_stop_reasons_map_to_anthropic():
     assert body["stop_reason"] == "tool_use" and body["content"] == [
         {"type": "tool_use", "id": "c1", "name": "f", "input": {"a": 1}}]
     assert body["usage"] == {"input_tokens": 3, "output_tokens": 1}
+
+
+async def test_stream_pings_while_sampling_and_errors_as_anthropic_events(qwen3):
+    import asyncio
+
+    gate = asyncio.Event()
+    gw, eng = await serve(qwen3, [NO_THINK + "ok<|im_end|>"], GatewayConfig(port=0, keepalive_s=0.01),
+                          max_model_len=4096)
+    inner = eng.generate
+
+    async def gated(*a, **kw):  # the completion waits until the test has seen a keep-alive
+        await gate.wait()
+        return await inner(*a, **kw)
+
+    eng.generate = gated
+    try:
+        body = {"model": "tiny", "max_tokens": 20, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+        async with aiohttp.ClientSession() as h:
+            async with h.post(f"{gw.url}/s/ping/v1/messages", json=body) as resp:
+                first = await resp.content.readuntil(b"\n\n")
+                assert first.startswith(b"event: ping\n")
+                gate.set()
+                rest = (await resp.read()).decode()
+            assert "event: message_stop" in rest
+            gate.clear()
+            async with h.post(f"{gw.url}/s/ping/v1/messages", json=body) as resp:
+                assert (await resp.content.readuntil(b"\n\n")).startswith(b"event: ping\n")
+                gw.store.sessions["ping"].close()  # ended while sampling: the error comes as Anthropic's event
+                gate.set()
+                rest = (await resp.read()).decode()
+        err = json.loads(rest.split("event: error\ndata: ")[1].split("\n")[0])
+        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+        assert "has ended" in err["error"]["message"]
+    finally:
+        await gw.stop()
