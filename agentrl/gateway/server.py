@@ -80,7 +80,8 @@ def _error_response(e: APIError, request: web.Request | None = None) -> web.Resp
 
 
 class Gateway(SessionRoutes):
-    """An OpenAI-compatible server in front of ``engine`` that records every token per session.
+    """An OpenAI-compatible server (and Anthropic Messages, OpenAI Responses) in front of ``engine`` that records
+    every token per session.
 
     ``renderer``: the model's :class:`ChatRenderer` (built from ``tokenizer`` and ``cfg.chat`` when not given).
     Use ``async with Gateway(...) as gw`` (or :meth:`start` / :meth:`stop`); :attr:`url` is the base URL
@@ -291,7 +292,7 @@ class Gateway(SessionRoutes):
     def _check_model(self, model: str) -> None:
         if model != self.model_name and not any(fnmatch.fnmatchcase(model, a) for a in self.cfg.model_aliases):
             raise APIError(404, f"the model {model!r} does not exist; this gateway serves {self.model_name!r}",
-                           "invalid_request_error", "model", "model_not_found")  # model_aliases: other names
+                           "invalid_request_error", "model", "model_not_found")
 
     # -- handlers ---------------------------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -349,7 +350,9 @@ class Gateway(SessionRoutes):
                                               f"request's session {session.id!r}", "wrong_session")
         work = self._forget_on_failure(session, session.chat(req) if isinstance(req, ChatRequest)
                                        else session.complete(req))
-        headers = {"X-Agentrl-Note": "; ".join(notes)} if notes else {}
+        # notes quote client-sent names: printable ASCII only, so a header cannot be split or refused
+        headers = {"X-Agentrl-Note": "".join(ch if " " <= ch <= "~" else "?" for ch in "; ".join(notes))} \
+            if notes else {}
         if req.stream:
             return await stream_response(request, work, frames, keepalive_s=self.cfg.keepalive_s,
                                          on_hang_up=self._hung_up, headers=headers, **stream)

@@ -70,11 +70,13 @@ async def test_previous_response_id_codex_tools_and_defaults(qwen3):
     gw, eng = await serve(qwen3, [THINK_CALL, NO_THINK + "She is 34.<|im_end|>"], cfg, max_model_len=4096)
     try:
         c = client(gw, "codex")
-        tools = [{"type": "namespace", "name": "people", "tools": TOOLS}, {"type": "web_search"}]
+        tools = [{"type": "namespace", "name": "people", "tools": TOOLS}, {"type": "web_search"},
+                 {"type": "custom", "name": "patch\r\nX-Injected: 1\u00e9"}]  # a name cannot split the header
         raw = await c.responses.with_raw_response.create(model="gpt-5-codex", instructions="Use tools.",
                                                          input="How old is Ann?", tools=tools)
         r = raw.parse()
-        assert "web_search" in raw.headers["x-agentrl-note"]
+        assert "web_search" in raw.headers["x-agentrl-note"] and "patch??X-Injected: 1?" in raw.headers["x-agentrl-note"]
+        assert "x-injected" not in raw.headers
         assert eng.calls[0]["params"].max_tokens == 64  # none asked: the gateway's default
         call = r.output[-1]
         assert call.type == "function_call" and call.name == "lookup"  # the namespace's tool, flattened
