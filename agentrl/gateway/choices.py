@@ -40,6 +40,7 @@ class Choice:
     token_texts: list[str] = field(default_factory=list)  # filled when the client asked for logprobs
     stream_ids: list[int] = field(default_factory=list)  # closing appended after the sampled tokens (mask 0)
     stream_text: str = ""
+    stop_sequence: str | None = None  # the client's stop string that ended the completion (Anthropic reports it)
 
 
 @dataclass
@@ -106,7 +107,8 @@ def read_chat(r: ChatRenderer, prompt_ids: list[int], prompt_text: str, g: Gener
     finish = "tool_calls" if calls else "length" if g.finish_reason == "length" else "stop"
     choice = Choice(i, end.text, content if content or not calls else None, reasoning, calls, finish,
                     list(g.token_ids), list(g.logprobs), list(g.versions), list(errors),
-                    token_texts(r, g.token_ids, logprobs), list(end.append_ids), end.stream_text)
+                    token_texts(r, g.token_ids, logprobs), list(end.append_ids), end.stream_text,
+                    g.stop_reason if isinstance(g.stop_reason, str) and g.stop_reason else None)
     return choice, msg
 
 

@@ -6,6 +6,7 @@
     port: 8000               # 0: a free port (the server reports the one it got)
     api_key: null            # clients send "Authorization: Bearer <api_key>" (or "<api_key>:<session>")
     model_name: null         # the name clients ask for; null: the model directory's name ("tiny" for the tiny model)
+    model_aliases: []        # other names served as it (shell patterns: "claude-*", "gpt-*"; "*": any name)
     max_request_bytes: 8388608
     max_tokens: null         # cap on a request's max_tokens; null: the engine's max_model_len
     max_n: 8
@@ -53,7 +54,9 @@ class GatewayConfig:
     carry, on the bound port (421 otherwise: DNS rebinding); ``None`` means the loopback names plus ``host``, or
     any name when ``host`` is a wildcard (0.0.0.0, ::), which requires ``api_key``. ``allowed_origins`` lists the
     browser origins (``scheme://host[:port]``) whose requests are served (with CORS headers, so their pages can
-    read the answers); requests with any other ``Origin`` are refused. ``idle_timeout_s`` closes connections that send no complete request header in time (slow or idle
+    read the answers); requests with any other ``Origin`` are refused. ``model_aliases``: model names (shell patterns)
+    a request may ask for and still be served this model, for harnesses whose model name is fixed or checked
+    (Claude Code asks for ``claude-*``); empty: only ``model_name``. ``idle_timeout_s`` closes connections that send no complete request header in time (slow or idle
     clients, before any key is checked); ``body_timeout_s`` bounds reading a body; ``render_timeout_s`` bounds
     rendering and tokenizing a prompt, which run in a worker thread so that the event loop keeps serving.
     """
@@ -62,6 +65,7 @@ class GatewayConfig:
     port: int = 8000
     api_key: str | None = None
     model_name: str | None = None
+    model_aliases: list[str] = field(default_factory=list)
     max_request_bytes: int = 8 * 1024 * 1024
     max_tokens: int | None = None
     max_n: int = 8
@@ -112,4 +116,7 @@ class GatewayConfig:
                              f"{self.top_p}, {self.top_k}")
         if self.max_resubmits < 0:
             raise ValueError(f"max_resubmits must be >= 0, got {self.max_resubmits}")
+        if not isinstance(self.model_aliases, list) or not all(isinstance(a, str) and a for a in self.model_aliases):
+            raise ValueError(f"model_aliases must be a list of model names or patterns such as 'claude-*', got "
+                             f"{self.model_aliases!r:.200}")
         self.chat.validate()

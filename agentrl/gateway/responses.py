@@ -92,16 +92,29 @@ def stream_chunks(done: Completion, model: str, include_usage: bool, *, chat: bo
     return out
 
 
-async def stream_response(request: web.Request, work: Awaitable[Completion], model: str, include_usage: bool, *,
-                          chat: bool, keepalive_s: float,
-                          on_hang_up: Callable[[web.Request], None]) -> web.StreamResponse:
-    """Runs ``work`` (a session request) and answers with SSE chunks (see the module docstring)."""
+def sse_chunks(done: Completion, model: str, include_usage: bool, *, chat: bool) -> list[bytes]:
+    """OpenAI's stream for a finished completion, as SSE frames ending with ``[DONE]``."""
+    return [sse(c) for c in stream_chunks(done, model, include_usage, chat=chat)] + [b"data: [DONE]\n\n"]
+
+
+def openai_error_frame(e: APIError) -> bytes:
+    return sse(e.body()) + b"data: [DONE]\n\n"
+
+
+async def stream_response(request: web.Request, work: Awaitable[Completion], frames: Callable[[Completion], list[bytes]],
+                          *, keepalive_s: float, on_hang_up: Callable[[web.Request], None],
+                          error_frame: Callable[[APIError], bytes] = openai_error_frame,
+                          keepalive: bytes = b": keep-alive\n\n", headers: dict[str, str] | None = None,
+                          ) -> web.StreamResponse:
+    """Runs ``work`` (a session request) and answers with the SSE ``frames`` of its result (see the module
+    docstring); each dialect brings its own frames, error frame and keep-alive."""
     task = asyncio.ensure_future(work)
     try:  # fail fast: validation errors raised before the engine is called still get a plain error response
         done: Completion | None = await asyncio.wait_for(asyncio.shield(task), 0.05)
     except asyncio.TimeoutError:
         done = None
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       **(headers or {})})
     await resp.prepare(request)
     try:
         try:
@@ -109,21 +122,19 @@ async def stream_response(request: web.Request, work: Awaitable[Completion], mod
                 try:
                     done = await asyncio.wait_for(asyncio.shield(task), keepalive_s)
                 except asyncio.TimeoutError:
-                    await resp.write(b": keep-alive\n\n")
+                    await resp.write(keepalive)
         except APIError as e:
-            await resp.write(sse(e.body()) + b"data: [DONE]\n\n")
+            await resp.write(error_frame(e))
             return resp
         except (ConnectionResetError, asyncio.CancelledError):
             task.cancel()
             raise
         except Exception as e:
             log.exception("gateway: streamed request failed")
-            await resp.write(sse(APIError(500, f"internal error: {e!r:.500}", "server_error").body())
-                             + b"data: [DONE]\n\n")
+            await resp.write(error_frame(APIError(500, f"internal error: {e!r:.500}", "server_error")))
             return resp
-        for chunk in stream_chunks(done, model, include_usage, chat=chat):
-            await resp.write(sse(chunk))
-        await resp.write(b"data: [DONE]\n\n")
+        for frame in frames(done):
+            await resp.write(frame)
         await resp.write_eof()
     except ConnectionResetError:
         on_hang_up(request)

@@ -5,6 +5,8 @@ Routes (each also under ``/s/<session>/``, so a client whose only setting is a b
     GET  /v1/models                    the served model
     POST /v1/chat/completions          messages (+ tools, n, stream) -> choices; tokens recorded in the session
     POST /v1/completions               prompt (text or token ids) -> choices
+    POST /v1/messages                  Anthropic Messages, on the chat path (:mod:`~agentrl.gateway.anthropic`)
+    POST /v1/responses                 OpenAI Responses, on the chat path (:mod:`~agentrl.gateway.responses_api`)
     GET  /v1/sessions                  live sessions and their counters
     GET  /v1/sessions/<id>             one session's counters (and segment sizes)
     POST /v1/sessions/<id>/end         {"reward": R, "info": {...}} -> the trajectory's summary (the whole
@@ -36,21 +38,27 @@ hangs up is counted (``gateway/errors/client_disconnected``), not logged as a se
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 import re
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
 from agentrl.chat import ChatRenderer
+from agentrl.gateway.anthropic import PING, error_body, error_event, message_body, message_events, \
+    parse_messages_request
 from agentrl.gateway.choices import Completion
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.guard import HostCheck, app_runner, cross_site_problem, default_hosts, origin_allowed
 from agentrl.gateway.keys import Keys
-from agentrl.gateway.protocol import APIError, bad, check_end_body, parse_chat, parse_completion, parse_json
-from agentrl.gateway.responses import chat_body, completion_body, stream_response
+from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, bad, parse_chat, parse_completion, \
+    parse_json
+from agentrl.gateway.responses_api import ResponseLog, new_response_id, parse_responses_request, response_body, \
+    response_events
+from agentrl.gateway.responses import chat_body, completion_body, sse_chunks, stream_response
+from agentrl.gateway.session_api import SessionRoutes
 from agentrl.gateway.sessions import Session
 from agentrl.gateway.store import SessionStore
 from agentrl.inference.base import InferenceEngine
@@ -60,16 +68,20 @@ log = logging.getLogger("agentrl.gateway")
 _SID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")  # fullmatch: "$" would accept a trailing newline
 SESSION_HEADER = "X-Agentrl-Session"
 PREFLIGHT_HEADERS = {"Access-Control-Allow-Methods": "GET, POST",
-                     "Access-Control-Allow-Headers": f"Authorization, Content-Type, api-key, {SESSION_HEADER}",
+                     "Access-Control-Allow-Headers": f"Authorization, Content-Type, api-key, x-api-key, "
+                                                     f"anthropic-version, {SESSION_HEADER}",
                      "Access-Control-Max-Age": "600"}
 
 
-def _error_response(e: APIError) -> web.Response:
-    return web.json_response(e.body(), status=e.status)
+def _error_response(e: APIError, request: web.Request | None = None) -> web.Response:
+    """OpenAI's error body, or Anthropic's on ``/v1/messages``."""
+    anthropic = request is not None and request.path.endswith("/v1/messages")
+    return web.json_response(error_body(e) if anthropic else e.body(), status=e.status)
 
 
-class Gateway:
-    """An OpenAI-compatible server in front of ``engine`` that records every token per session.
+class Gateway(SessionRoutes):
+    """An OpenAI-compatible server (and Anthropic Messages, OpenAI Responses) in front of ``engine`` that records
+    every token per session.
 
     ``renderer``: the model's :class:`ChatRenderer` (built from ``tokenizer`` and ``cfg.chat`` when not given).
     Use ``async with Gateway(...) as gw`` (or :meth:`start` / :meth:`stop`); :attr:`url` is the base URL
@@ -95,6 +107,7 @@ class Gateway:
         self._site_port: int | None = None
         self._hosts = HostCheck(self._host_names(), self.cfg.port)
         self.errors: dict[str, int] = {}
+        self.response_log = ResponseLog()
         self._expiry: asyncio.Task | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
@@ -105,6 +118,8 @@ class Gateway:
             app.router.add_get(prefix + "/v1/models", self.models)
             app.router.add_post(prefix + "/v1/chat/completions", self.chat)
             app.router.add_post(prefix + "/v1/completions", self.completions)
+            app.router.add_post(prefix + "/v1/messages", self.messages)
+            app.router.add_post(prefix + "/v1/responses", self.responses)
         app.router.add_get("/v1/sessions", self.list_sessions)
         app.router.add_get("/v1/sessions/{id}", self.get_session)
         app.router.add_post("/v1/sessions/{id}/end", self.end_session)
@@ -211,22 +226,24 @@ class Gateway:
             return _error_response(APIError(400, "the client hung up", code="client_disconnected"))
         except APIError as e:
             self.errors[e.code or e.type] = self.errors.get(e.code or e.type, 0) + 1
-            resp = _error_response(e)
+            resp = _error_response(e, request)
             if e.status == 408:
                 resp.force_close()  # the rest of a slow body is not waited for
             return resp
         except web.HTTPException as e:
             if e.status == 413:
                 return _error_response(APIError(413, f"request body over {self.cfg.max_request_bytes} bytes "
-                                                     f"(max_request_bytes)", code="request_too_large"))
+                                                     f"(max_request_bytes)", code="request_too_large"), request)
             kind = "not_found" if e.status == 404 else "method_not_allowed" if e.status == 405 else "http_error"
-            return _error_response(APIError(e.status, f"{request.method} {request.path}: {e.reason}", code=kind))
+            return _error_response(APIError(e.status, f"{request.method} {request.path}: {e.reason}", code=kind),
+                                   request)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # never crash: the error is the response, the session is unchanged
             log.exception("gateway: %s %s failed", request.method, request.path)
             self.errors["server_error"] = self.errors.get("server_error", 0) + 1
-            return _error_response(APIError(500, f"internal error: {e!r:.500}", "server_error", None, "internal_error"))
+            return _error_response(APIError(500, f"internal error: {e!r:.500}", "server_error", None, "internal_error"),
+                                   request)
 
     async def _cors(self, request: web.Request, response: web.StreamResponse) -> None:
         """Lets an allowed origin's page read the response (other origins get a 403 without CORS headers)."""
@@ -242,7 +259,8 @@ class Gateway:
     def _auth(self, request: web.Request) -> tuple[str | None, str | None]:
         """``(session the key names or None, issued-key session or None)``; 401 for a bad key (see
         :mod:`agentrl.gateway.keys`)."""
-        return self._keys.check(request.headers.get("Authorization", ""), request.headers.get("api-key", ""))
+        h = request.headers  # Anthropic's clients send x-api-key, Azure-style ones api-key
+        return self._keys.check(h.get("Authorization", ""), h.get("x-api-key") or h.get("api-key", ""))
 
     def _session(self, request: web.Request) -> Session:
         key_sid, issued = self._auth(request)
@@ -272,7 +290,7 @@ class Gateway:
         return parse_json(raw)
 
     def _check_model(self, model: str) -> None:
-        if model != self.model_name:
+        if model != self.model_name and not any(fnmatch.fnmatchcase(model, a) for a in self.cfg.model_aliases):
             raise APIError(404, f"the model {model!r} does not exist; this gateway serves {self.model_name!r}",
                            "invalid_request_error", "model", "model_not_found")
 
@@ -289,24 +307,56 @@ class Gateway:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)  # an unauthenticated request learns nothing, not even whether its JSON is valid
         req = parse_chat(await self._body(request))
-        self._check_model(req.model)
-        session = self._session(request)
-        work = self._forget_on_failure(session, session.chat(req))
-        if req.stream:
-            return await stream_response(request, work, req.model, req.include_usage, chat=True,
-                                         keepalive_s=self.cfg.keepalive_s, on_hang_up=self._hung_up)
-        return web.json_response(chat_body(await work, req.model, req.sampling.logprobs))
+        return await self._serve(request, req, lambda d: sse_chunks(d, req.model, req.include_usage, chat=True),
+                                 lambda d: chat_body(d, req.model, req.sampling.logprobs))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)
         req = parse_completion(await self._body(request))
+        return await self._serve(request, req, lambda d: sse_chunks(d, req.model, req.include_usage, chat=False),
+                                 lambda d: completion_body(d, req.model, req.sampling.logprobs))
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages (:mod:`agentrl.gateway.anthropic`), served by the same session path as chat."""
+        self._auth(request)
+        req, notes = parse_messages_request(await self._body(request), self.store.max_tokens)
+        return await self._serve(request, req, lambda d: message_events(d, req.model),
+                                 lambda d: message_body(d, req.model), notes, error_frame=error_event, keepalive=PING)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's Responses (:mod:`agentrl.gateway.responses_api`), served by the same session path as chat."""
+        self._auth(request)
+        raw = await self._body(request)
+        req, notes, owner = parse_responses_request(raw, self.store.max_tokens, self.response_log)
+        rid = new_response_id()
+
+        def body(done: Completion) -> dict[str, Any]:
+            self.response_log.remember(rid, done, req.messages)
+            return response_body(done, req, rid, raw.get("previous_response_id"))
+
+        return await self._serve(request, req, lambda d: response_events(d, body(d)), body, notes, owner=owner)
+
+    async def _serve(self, request: web.Request, req: ChatRequest | CompletionRequest,
+                     frames: Callable[[Completion], list[bytes]], body: Callable[[Completion], dict[str, Any]],
+                     notes: list[str] | None = None, owner: str | None = None, **stream: Any) -> web.StreamResponse:
+        """Serves a parsed request on its session, whatever the dialect: ``frames`` (streaming) or ``body`` write
+        the result in the dialect's form; ``notes`` (what the gateway changed in the request) go in a header;
+        ``owner``: the session the request's history belongs to (``previous_response_id``)."""
         self._check_model(req.model)
         session = self._session(request)
-        work = self._forget_on_failure(session, session.complete(req))
+        if owner is not None and owner != session.id:
+            self.store.forget_unused(session.id)
+            raise bad("previous_response_id", f"the previous response belongs to session {owner!r}, not to this "
+                                              f"request's session {session.id!r}", "wrong_session")
+        work = self._forget_on_failure(session, session.chat(req) if isinstance(req, ChatRequest)
+                                       else session.complete(req))
+        # notes quote client-sent names: printable ASCII only, so a header cannot be split or refused
+        headers = {"X-Agentrl-Note": "".join(ch if " " <= ch <= "~" else "?" for ch in "; ".join(notes))} \
+            if notes else {}
         if req.stream:
-            return await stream_response(request, work, req.model, req.include_usage, chat=False,
-                                         keepalive_s=self.cfg.keepalive_s, on_hang_up=self._hung_up)
-        return web.json_response(completion_body(await work, req.model, req.sampling.logprobs))
+            return await stream_response(request, work, frames, keepalive_s=self.cfg.keepalive_s,
+                                         on_hang_up=self._hung_up, headers=headers, **stream)
+        return web.json_response(body(await work), headers=headers)
 
     async def _forget_on_failure(self, session: Session, work: Any) -> Completion:
         """Awaits a session request; a failure leaves no session that served nothing (so failing requests cannot
@@ -316,50 +366,3 @@ class Gateway:
         except BaseException:
             self.store.forget_unused(session.id)
             raise
-
-    # -- session API ------------------------------------------------------------------------------------------------
-    def _session_for_api(self, request: web.Request) -> str:
-        key_sid, issued = self._auth(request)
-        sid = request.match_info["id"]
-        if issued is not None and sid != issued:
-            raise APIError(403, "this API key belongs to another session", "permission_error", None, "wrong_session")
-        return sid
-
-    async def list_sessions(self, request: web.Request) -> web.Response:
-        _, issued = self._auth(request)
-        if issued is not None:
-            raise APIError(403, "a session key cannot list sessions", "permission_error", None, "wrong_session")
-        return web.json_response({"data": [{"id": s.id, **s.info()} for s in self.store.sessions.values()]})
-
-    async def get_session(self, request: web.Request) -> web.Response:
-        sid = self._session_for_api(request)
-        s = self.store.get(sid, create=False)
-        return web.json_response({"id": sid, **s.info(), "segment_lengths": [len(x.token_ids) for x in s.segments]})
-
-    async def end_session(self, request: web.Request) -> web.Response:
-        sid = self._session_for_api(request)
-        body = await self._body(request) if request.can_read_body else {}
-        reward, info, want = check_end_body(body)  # everything is checked before the session is touched
-        s = self.store.get(sid, create=False)
-        if s.inflight:
-            raise APIError(409, f"session {sid!r} has {s.inflight} request(s) in flight; end it after they return",
-                           code="session_busy")
-        if s.meta.get("_key_hash"):
-            raise APIError(403, f"session {sid!r} is owned by a training episode; it ends with its harness",
-                           "permission_error", None, "session_owned")
-        traj = self.store.end(sid, reward, info)
-        out = {"id": traj.id, "reward": traj.reward, "tokens": len(traj.token_ids), "sampled_tokens": traj.num_generated,
-               "segments": len(traj.segments) or 1, "requests": traj.num_turns, "written": self.cfg.out}
-        if want:
-            out["trajectory"] = traj.to_dict()
-        return web.json_response(out)
-
-    async def metrics_handler(self, request: web.Request) -> web.Response:
-        self._auth(request)
-        return web.json_response({**self.metrics(), "time": time.time()})
-
-    def metrics(self) -> dict[str, float]:
-        """The store's metrics plus ``gateway/errors/<code>`` counters."""
-        out = self.store.metrics()
-        out.update({f"gateway/errors/{k}": float(v) for k, v in self.errors.items()})
-        return out

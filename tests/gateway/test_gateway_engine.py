@@ -135,6 +135,74 @@ async def test_openai_client_multi_turn_tools_stream_and_not(vllm, tok, model_di
     check_against_engine(traj, eng.record, trainer)
 
 
+async def test_anthropic_client_multi_turn_tools_stream_and_not(vllm, tok, trainer):
+    """The same record through Anthropic's Messages dialect (the official ``anthropic`` client): the session's tokens
+    are the gateway's rendering plus what the engine sampled, with the engine's log-probs and versions."""
+    import anthropic
+
+    eng = Recorded(vllm)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    async with Gateway(eng, tok, GatewayConfig(port=0, max_tokens=12), model_name="tiny") as gw, \
+            anthropic.AsyncAnthropic(base_url=f"{gw.url}/s/claude", api_key="x", max_retries=0) as c:
+        msgs = [{"role": "user", "content": "How old is Ann?"}]
+        for turn in range(4):
+            kw = dict(model="tiny", system="Answer with tools.", messages=msgs, tools=tools, max_tokens=4096)
+            if turn % 2:
+                async with c.messages.stream(**kw) as st:
+                    r = await st.get_final_message()
+            else:
+                r = await c.messages.create(**kw)
+            prompt, gen = eng.record[-1]
+            assert r.usage.input_tokens == len(prompt) and r.usage.output_tokens == len(gen.token_ids)
+            assert r.stop_reason in ("end_turn", "max_tokens", "tool_use")
+            msgs.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]})
+            results = [{"type": "tool_result", "tool_use_id": b.id, "content": "Ann: age 34"}
+                       for b in r.content if b.type == "tool_use"]
+            msgs.append({"role": "user", "content": results + [{"type": "text", "text": f"Go on ({turn})."}]})
+        s = gw.store.sessions["claude"]
+        rendered = gw.renderer.encode(gw.renderer.render(
+            [{"role": "system", "content": "Answer with tools."}, {"role": "user", "content": "How old is Ann?"}],
+            add_generation_prompt=True, tools=TOOLS))
+        assert s.segments[0].token_ids[: len(rendered)] == rendered  # the prompt is the gateway's rendering
+        traj = gw.store.end("claude", reward=1.0)
+    assert traj.info["gateway/requests"] == 4 and traj.info["gateway/drifts"] == 0 and traj.segments == []
+    check_against_engine(traj, eng.record, trainer)
+
+
+async def test_responses_client_multi_turn_tools_stream_and_not(vllm, tok, trainer):
+    """The same record through OpenAI's Responses dialect (the official client), by whole input and by
+    ``previous_response_id``."""
+    eng = Recorded(vllm)
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    async with Gateway(eng, tok, GatewayConfig(port=0, max_tokens=12), model_name="tiny") as gw, \
+            openai.AsyncOpenAI(base_url=f"{gw.url}/s/codex/v1", api_key="x", max_retries=0) as c:
+        items: list = [{"role": "user", "content": "How old is Ann?"}]
+        prev = None
+        for turn in range(4):
+            kw = dict(model="tiny", instructions="Answer with tools.", tools=tools, temperature=1.0)
+            if turn % 2:
+                events = [e async for e in await c.responses.create(stream=True, input=items, **kw)]
+                r = events[-1].response
+            else:  # only the new items, after the response the gateway holds
+                r = await c.responses.create(input=items[prev:] if prev else items,
+                                             previous_response_id=r.id if prev else None, **kw)
+            prompt, gen = eng.record[-1]
+            assert r.usage.input_tokens == len(prompt) and r.usage.output_tokens == len(gen.token_ids)
+            items += [o.model_dump(exclude_none=True) for o in r.output]
+            prev = len(items)
+            items += [{"type": "function_call_output", "call_id": o.call_id, "output": "Ann: age 34"}
+                      for o in r.output if o.type == "function_call"]
+            items.append({"role": "user", "content": f"Go on ({turn})."})
+        rendered = gw.renderer.encode(gw.renderer.render(
+            [{"role": "system", "content": "Answer with tools."}, {"role": "user", "content": "How old is Ann?"}],
+            add_generation_prompt=True, tools=TOOLS))
+        assert gw.store.sessions["codex"].segments[0].token_ids[: len(rendered)] == rendered
+        traj = gw.store.end("codex", reward=1.0)
+    assert traj.info["gateway/requests"] == 4 and traj.info["gateway/drifts"] == 0 and traj.segments == []
+    check_against_engine(traj, eng.record, trainer)
+
+
 async def test_history_rewriting_harness_yields_segments_the_engine_saw(vllm, tok, trainer):
     eng = Recorded(vllm)
     async with Gateway(eng, tok, GatewayConfig(port=0), model_name="tiny") as gw, \
