@@ -308,13 +308,22 @@ class Gateway(SessionRoutes):
         self._auth(request)  # an unauthenticated request learns nothing, not even whether its JSON is valid
         req = parse_chat(await self._body(request))
         return await self._serve(request, req, lambda d: sse_chunks(d, req.model, req.include_usage, chat=True),
-                                 lambda d: chat_body(d, req.model, req.sampling.logprobs))
+                                 lambda d: chat_body(d, req.model, req.sampling.logprobs), self._clamp(req))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)
         req = parse_completion(await self._body(request))
         return await self._serve(request, req, lambda d: sse_chunks(d, req.model, req.include_usage, chat=False),
-                                 lambda d: completion_body(d, req.model, req.sampling.logprobs))
+                                 lambda d: completion_body(d, req.model, req.sampling.logprobs), self._clamp(req))
+
+    def _clamp(self, req: ChatRequest | CompletionRequest) -> list[str]:
+        """A ``max_tokens`` over the gateway's cap is lowered to it, not refused (harnesses ask for 32,000 by
+        default), as in every dialect; the note says so."""
+        cap, asked = self.store.max_tokens, req.sampling.max_tokens
+        if asked is not None and asked > cap:
+            req.sampling.max_tokens = cap
+            return [f"max_tokens {asked} clamped to this gateway's limit of {cap}"]
+        return []
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """Anthropic's Messages (:mod:`agentrl.gateway.anthropic`), served by the same session path as chat."""

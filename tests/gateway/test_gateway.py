@@ -342,7 +342,6 @@ async def test_bad_requests_get_openai_errors_and_leave_the_session_unchanged(ti
             ({"body": {**ok, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}},
              400, "invalid_tool_schema", "tools[0].function.parameters.type"),
             ({"body": {**ok, "tools": "nope"}}, 400, None, "tools"),
-            ({"body": {**ok, "max_tokens": 33}}, 400, "max_tokens_too_large", "max_tokens"),
             ({"body": {**ok, "max_tokens": -1}}, 400, None, "max_tokens"),
             ({"body": {**ok, "n": 3}}, 400, None, "n"),
             ({"body": {**ok, "temperature": "hot"}}, 400, None, "temperature"),
@@ -573,3 +572,21 @@ async def test_family_tool_calls_come_back_openai_style_and_round_trip(case):
         assert_record_is_engine_record(gw.store.end(case), eng)
     finally:
         await gw.stop()
+
+
+async def test_max_tokens_over_the_cap_is_clamped_and_said_in_every_route(tiny_tok):
+    """Harnesses ask for 32,000 tokens by default: chat and text completions lower it to the gateway's cap (as the
+    Messages and Responses routes do) and say so in X-Agentrl-Note, instead of refusing the request."""
+    gw, eng = await serve(tiny_tok, ["ok<eos>"], cfg=GatewayConfig(port=0, max_tokens=32), max_model_len=256)
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path, body in (("/s/c/v1/chat/completions", {"model": "tiny", "messages": [
+                                   {"role": "user", "content": "x"}], "max_tokens": 32000}),
+                               ("/s/d/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 32000})):
+                async with http.post(gw.url + path, json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+                    assert "max_tokens 32000 clamped to this gateway's limit of 32" in resp.headers["X-Agentrl-Note"]
+        assert [c["params"].max_tokens <= 32 for c in eng.calls] == [True, True]
+    finally:
+        await gw.stop()
+

@@ -197,7 +197,7 @@ async def test_failing_requests_create_no_sessions(tiny_tok):
                           max_model_len=64)
     try:
         for i in range(5):
-            st, _ = await post(gw, f"/s/f{i}/v1/chat/completions", {**OK, "max_tokens": 9})
+            st, _ = await post(gw, f"/s/f{i}/v1/chat/completions", {**OK, "temperature": "hot"})
             assert st == 400
             st, _ = await post(gw, f"/s/g{i}/v1/chat/completions", {**OK, "messages": [
                 {"role": "user", "content": "word " * 200}]})
@@ -206,7 +206,7 @@ async def test_failing_requests_create_no_sessions(tiny_tok):
         assert (await post(gw, "/s/a/v1/chat/completions", OK))[0] == 200
         assert (await post(gw, "/s/b/v1/chat/completions", OK))[0] == 200
         # a failing request on a live session leaves it live
-        assert (await post(gw, "/s/a/v1/chat/completions", {**OK, "max_tokens": 9}))[0] == 400
+        assert (await post(gw, "/s/a/v1/chat/completions", {**OK, "temperature": "hot"}))[0] == 400
         assert set(gw.store.sessions) == {"a", "b"}
     finally:
         await gw.stop()
