@@ -57,6 +57,10 @@ class EnvEntry:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
 
 
+# hosted policy kinds -> the API dialect they speak (agentrl.eval.dialects)
+HOSTED_KINDS = {"openai-chat": "chat", "openai-responses": "responses", "anthropic-messages": "messages"}
+
+
 @dataclass
 class PolicyConfig:
     """What acts. ``kind``: ``oracle`` (the env's scripted solver: ground truth for BFCL and SWE), ``empty`` (answers
@@ -66,11 +70,12 @@ class PolicyConfig:
     token-in/token-out). ``name`` is the
     ``model_name_or_path`` of predictions. ``engine`` holds ``agentrl.inference.config.EngineConfig`` fields,
     ``rollout`` ``agentrl.agent.loop.RolloutConfig`` fields (both checked when the policy is built).
-    ``openai-chat``: any OpenAI-compatible chat-completions API at ``endpoint`` (``.../v1``) serving ``model``, tool
-    calls in the API's native form, text-level trajectories (:mod:`agentrl.eval.hosted`); ``api`` holds
-    :class:`~agentrl.eval.hosted.HostedConfig` fields (``api_key_env``, ``max_total_tokens``, retries...)."""
+    ``openai-chat``, ``openai-responses``, ``anthropic-messages``: a hosted API of that dialect at ``endpoint``
+    (``.../v1``) serving ``model``, tool calls in the API's native form, text-level trajectories
+    (:mod:`agentrl.eval.hosted`); ``api`` holds :class:`~agentrl.eval.hosted.HostedConfig` fields (``api_key_env``,
+    ``max_total_tokens``, retries...)."""
 
-    kind: Literal["oracle", "empty", "vllm", "remote", "openai-chat"] = "oracle"
+    kind: Literal["oracle", "empty", "vllm", "remote", "openai-chat", "openai-responses", "anthropic-messages"] = "oracle"
     model: str | None = None  # vllm: weights dir or "tiny" (default); remote: served name = tokenizer dir
     endpoint: str | None = None
     name: str | None = None
@@ -79,8 +84,8 @@ class PolicyConfig:
     api: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        if self.kind == "openai-chat" and not (self.endpoint and self.model):
-            raise ValueError("kind 'openai-chat' needs endpoint (the API root, e.g. https://host/v1) and model (the "
+        if self.kind in HOSTED_KINDS and not (self.endpoint and self.model):
+            raise ValueError(f"kind {self.kind!r} needs endpoint (the API root, e.g. https://host/v1) and model (the "
                              "name it serves)")
         if self.kind == "remote" and not self.endpoint:
             raise ValueError("kind 'remote' needs an endpoint (e.g. http://127.0.0.1:8000)")

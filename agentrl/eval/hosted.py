@@ -1,5 +1,6 @@
-"""Hosted models as policies: any OpenAI-compatible chat-completions API (a hosted model, a proxy, vLLM's own
-``vllm serve``) acting in agentrl's envs, for ``agentrl eval`` (``policy.kind: openai-chat``).
+"""Hosted models as policies: an API that speaks OpenAI chat completions (a hosted model, a proxy, vLLM's own
+``vllm serve``), OpenAI Responses or Anthropic Messages (:mod:`agentrl.eval.dialects`), acting in agentrl's envs, for
+``agentrl eval`` (``policy.kind``: ``openai-chat``, ``openai-responses``, ``anthropic-messages``).
 
 Per episode, :class:`HostedChatSession` keeps the conversation as the API's messages: the env's messages as they
 come (a ``tool`` message answers the previous turn's calls in order and gets their ``tool_call_id``), the model's
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.core import Message
+from agentrl.eval import dialects
+from agentrl.eval.dialects import Reply
 from agentrl.policy import Action, EpisodeMeta, Policy, PolicySession, TokenRecord
 from agentrl.tools import format_tool_call
 
@@ -41,13 +44,15 @@ class SpendLimit(HostedAPIError):
 
 @dataclass
 class HostedConfig:
-    """``base_url``: the API root (``.../v1``); ``model``: the model name it serves; ``api_key_env``: the environment
+    """``base_url``: the API root (``.../v1``); ``model``: the model name it serves; ``dialect``: ``chat`` (OpenAI
+    chat completions), ``responses`` (OpenAI Responses) or ``messages`` (Anthropic Messages); ``api_key_env``: the environment
     variable holding the key (unset or empty: no key sent); ``temperature``, ``max_tokens`` per reply;
     ``concurrency``: requests in flight at once; ``retries`` on 429/5xx/lost connections, from ``backoff_s``
     doubling; ``timeout_s`` per request; ``max_total_tokens``: the run's token budget (None: none)."""
 
     base_url: str
     model: str
+    dialect: str = "chat"
     api_key_env: str = "OPENAI_API_KEY"
     temperature: float = 0.0
     max_tokens: int = 512
@@ -62,6 +67,8 @@ class HostedConfig:
             raise ValueError(f"base_url must be an http(s) URL, got {self.base_url!r}")
         if not self.model:
             raise ValueError("model must name the model the API serves")
+        if self.dialect not in ("chat", "responses", "messages"):
+            raise ValueError(f"dialect must be chat, responses or messages, got {self.dialect!r}")
         for name in ("max_tokens", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -97,8 +104,8 @@ class HostedChatPolicy(Policy):
             await self._session.close()
             self._session = None
 
-    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POSTs ``body`` to ``/chat/completions`` with retries (module docstring); returns the parsed answer."""
+    async def complete(self, path: str, body: dict[str, Any]) -> Reply:
+        """POSTs ``body`` to ``{base_url}{path}`` with retries (module docstring); returns the parsed reply."""
         import aiohttp
 
         cfg = self.cfg
@@ -109,11 +116,8 @@ class HostedChatPolicy(Policy):
             self._sem = asyncio.Semaphore(cfg.concurrency)
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=cfg.timeout_s))
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(cfg.api_key_env, "")
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        url = cfg.base_url.rstrip("/") + "/chat/completions"
+        hdrs = dialects.headers(cfg.dialect, os.environ.get(cfg.api_key_env, ""))
+        url = cfg.base_url.rstrip("/") + path
         last = ""
         async with self._sem:
             for attempt in range(cfg.retries + 1):
@@ -121,7 +125,7 @@ class HostedChatPolicy(Policy):
                     self.usage["retries"] += 1
                     await asyncio.sleep(cfg.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random() / 2))
                 try:
-                    async with self._session.post(url, json=body, headers=headers) as r:
+                    async with self._session.post(url, json=body, headers=hdrs) as r:
                         text = await r.text()
                         status = r.status
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
@@ -133,15 +137,13 @@ class HostedChatPolicy(Policy):
                 if status != 200:
                     raise HostedAPIError(f"{url}: HTTP {status}{_hint(status)}: {text[:500]}")
                 try:
-                    answer = json.loads(text)
-                    answer["choices"][0]["message"]
-                except (ValueError, KeyError, IndexError, TypeError):
-                    raise HostedAPIError(f"{url}: not a chat completion: {text[:300]!r}") from None
-                usage = answer.get("usage") or {}
+                    rep = dialects.reply(cfg.dialect, json.loads(text))
+                except ValueError as e:
+                    raise HostedAPIError(f"{url}: {e}: {text[:300]!r}") from None
                 self.usage["requests"] += 1
-                self.usage["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
-                self.usage["completion_tokens"] += int(usage.get("completion_tokens") or 0)
-                return answer
+                self.usage["prompt_tokens"] += rep.prompt_tokens
+                self.usage["completion_tokens"] += rep.completion_tokens
+                return rep
         raise HostedAPIError(f"{url}: gave up after {cfg.retries + 1} attempts (last: {last})")
 
 
@@ -171,25 +173,20 @@ class HostedChatSession(PolicySession):
                     m = {"role": "user", "content": m.get("content", "")}
             self.messages.append(m)
         cfg = self.policy.cfg
-        body: dict[str, Any] = {"model": cfg.model, "messages": self.messages, "temperature": cfg.temperature,
-                                "max_tokens": cfg.max_tokens}
-        tools = getattr(self.meta, "tools", None)
-        if tools:
-            body["tools"] = [_as_openai_tool(t) for t in tools]
-        answer = await self.policy.complete(body)
-        choice = answer["choices"][0]
-        msg = choice["message"]
-        content = msg.get("content") or ""
-        calls = [c for c in (msg.get("tool_calls") or []) if isinstance(c, dict) and c.get("function")]
+        path, body = dialects.request(cfg.dialect, cfg.model, self.messages, getattr(self.meta, "tools", None),
+                                      cfg.temperature, cfg.max_tokens)
+        rep = await self.policy.complete(path, body)
+        calls = rep.tool_calls
         for i, c in enumerate(calls):
             c.setdefault("id", f"call_{self.meta.trajectory_id}_{self.turns}_{i}")
+            c["id"] = c["id"] or f"call_{self.meta.trajectory_id}_{self.turns}_{i}"
             c.setdefault("type", "function")
         self._calls = calls
-        self.messages.append({"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})})
+        self.messages.append({"role": "assistant", "content": rep.content, **({"tool_calls": calls} if calls else {})})
         self.turns += 1
-        text = "\n".join([content.strip()] * bool(content.strip()) + [
-            format_tool_call(c["function"].get("name", ""), _arguments(c["function"].get("arguments"))) for c in calls])
-        return Action(text=text, finish_reason=choice.get("finish_reason"), tool_calls=calls)
+        text = "\n".join([rep.content.strip()] * bool(rep.content.strip()) + [
+            format_tool_call(c["function"].get("name", ""), dialects.json_object(c["function"].get("arguments"))) for c in calls])
+        return Action(text=text, finish_reason=rep.finish_reason, tool_calls=calls)
 
     def token_record(self) -> TokenRecord:
         # a hosted API gives no token ids: the trajectory is text-level, and says so
@@ -197,21 +194,3 @@ class HostedChatSession(PolicySession):
 
     async def aclose(self) -> None:
         pass
-
-
-def _arguments(raw: Any) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return raw
-    try:
-        value = json.loads(raw or "{}")
-    except (TypeError, ValueError):
-        return {"_unparsed": str(raw)}
-    return value if isinstance(value, dict) else {"_unparsed": value}
-
-
-def _as_openai_tool(tool: Any) -> Any:
-    """An env's tool schema in the chat API's form: bare function schemas (``{"name", "description",
-    "parameters"}``, as BFCL writes them) are wrapped as ``{"type": "function", "function": ...}``."""
-    if isinstance(tool, dict) and "function" not in tool and "name" in tool:
-        return {"type": "function", "function": tool}
-    return tool

@@ -8,7 +8,7 @@ from typing import Any, Callable, Literal
 
 from agentrl.config import ConfigError, from_dict
 from agentrl.policy import EpisodeMeta, Policy, ScriptedPolicy
-from agentrl.eval.config import PolicyConfig
+from agentrl.eval.config import HOSTED_KINDS, PolicyConfig
 from agentrl.eval.instances import _make_env
 
 
@@ -91,10 +91,13 @@ def build_policy(cfg: PolicyConfig, kwargs_by_env: dict[str, dict[str, Any]] | N
         return BuiltPolicy(_DispatchPolicy(oracle_policy_for, kwargs_by_env or {}))
     if cfg.kind == "empty":
         return BuiltPolicy(_DispatchPolicy(empty_policy_for, kwargs_by_env or {}))
-    if cfg.kind == "openai-chat":
+    if cfg.kind in HOSTED_KINDS:
         from agentrl.eval.hosted import HostedChatPolicy, HostedConfig
 
-        hosted = HostedChatPolicy(from_dict(HostedConfig, {"base_url": cfg.endpoint, "model": cfg.model, **cfg.api},
+        dialect = HOSTED_KINDS[cfg.kind]
+        key_env = "ANTHROPIC_API_KEY" if dialect == "messages" else "OPENAI_API_KEY"
+        hosted = HostedChatPolicy(from_dict(HostedConfig, {"base_url": cfg.endpoint, "model": cfg.model,
+                                                           "dialect": dialect, "api_key_env": key_env, **cfg.api},
                                             "policy.api"))
         return BuiltPolicy(hosted, hosted.aclose)
     from agentrl.inference import EngineConfig, make_engine

@@ -129,7 +129,42 @@ async def test_the_spend_guard_stops_the_run_and_failed_episodes_are_errors_not_
     errors = [t for t in trajs if t.termination == "error"]
     assert errors and all("token budget is spent" in t.error for t in errors)
     with pytest.raises(SpendLimit):
-        await pol.complete({})
+        await pol.complete("/chat/completions", {})
+
+
+# --------------------------------------------- every dialect, against agentrl's gateway (exact tokens recorded)
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+async def test_each_dialect_plays_a_tool_episode_through_the_gateway(dialect, monkeypatch):
+    """A hosted policy of each dialect (chat completions, Responses, Anthropic Messages) against agentrl's gateway
+    on a scripted engine: the native tool call reaches the env as text, the tool's answer goes back as the
+    dialect's tool result, and the gateway records the exact tokens the engine sampled."""
+    sys.path.insert(0, str(ROOT / "tests" / "gateway"))
+    from test_gateway import TOOLS, serve
+
+    from agentrl.chat import load_tokenizer
+    from agentrl.models import ensure_tiny_model
+
+    monkeypatch.setenv("TEST_GW_KEY", "")
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"name": "ada"}}\n</tool_call><eos>'
+    gw, eng = await serve(load_tokenizer(ensure_tiny_model()), [call, "The answer is 7.<eos>"])
+    try:
+        pol = HostedChatPolicy(HostedConfig(f"{gw.url}/s/hosted-{dialect}/v1", "tiny", dialect=dialect,
+                                            api_key_env="TEST_GW_KEY", backoff_s=0, retries=0))
+        meta = EpisodeMeta("t0", "g0", "env", 0)
+        meta.tools = TOOLS
+        s = pol.session(meta)
+        a1 = await s.act([{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "Ada?"}])
+        assert [c["function"]["name"] for c in a1.tool_calls] == ["lookup"], a1
+        assert '"arguments": {"name": "ada"}' in a1.text
+        a2 = await s.act([{"role": "tool", "content": "age 7"}])
+        assert a2.text == "The answer is 7." and not a2.tool_calls
+        await pol.aclose()
+        sampled = [t for seg in gw.store.sessions[f"hosted-{dialect}"].segments
+                   for t, m in zip(seg.token_ids, seg.loss_mask) if m]
+        assert sampled == [t for g in eng.outputs for t in g.token_ids]
+        assert pol.usage["requests"] == 2 and pol.usage["completion_tokens"] > 0
+    finally:
+        await gw.stop()
 
 
 # ------------------------------------------------------------------- against vLLM's own server (vllm serve)
