@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"agentrl.trainer"},
     {"agentrl.gateway", "agentrl.eval"},
     {"agentrl.controller"},
-    {"agentrl.viewer"},
+    {"agentrl.viewer", "agentrl.simulate"},
     {"agentrl.testing"},
     {"agentrl.commands", "agentrl.cli"},
 ]

@@ -1,0 +1,79 @@
+"""A virtual clock for asyncio: time jumps to the next event instead of passing.
+
+:class:`VirtualTimeLoop` is an ordinary selector event loop (real sockets, pipes and threads still work) whose
+``time()`` is virtual. Each iteration first polls real I/O without waiting; if nothing is ready and a timer is
+scheduled, the clock is set to that timer's due time at once, exactly (no sleeping, no float drift: the clock takes
+the timer's own ``when``). With no timer and nothing ready it waits for real I/O, as a real loop does (a thread
+finishing, a socket). So a program that only sleeps runs in the time its callbacks take, and its virtual timeline is
+exactly what its sleeps add up to.
+
+Invariants: the clock never goes backwards; it moves only when no callback is ready (everything runnable at a
+virtual instant runs at that instant, in the order asyncio gives it) and no executor job is running (work on a
+thread, ``asyncio.to_thread`` included, takes no virtual time: the clock waits for it); a timer never fires before
+its due time. Threads started some other way (a thread pool of one's own that wakes the loop with
+``call_soon_threadsafe``) are not seen: the clock may run ahead of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+from typing import Any, Awaitable, TypeVar
+
+T = TypeVar("T")
+
+
+class _VirtualSelector(selectors.DefaultSelector):
+    """The real selector, except that a wait for a timer moves the loop's clock instead of blocking."""
+
+    loop: "VirtualTimeLoop"
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        events = super().select(0)
+        if events or timeout == 0:
+            return events
+        loop = self.loop
+        if timeout is None or loop._in_executor:
+            # Nothing scheduled, or work running on a thread: only real I/O (its completion) can wake us, and the
+            # clock must not run ahead of work that takes real time.
+            return super().select(None)
+        due = [h._when for h in loop._scheduled if not h._cancelled]  # type: ignore[attr-defined]
+        loop._now = max(loop._now, min(due) if due else loop._now + timeout)
+        return []
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop on virtual time (module docstring). ``start``: the clock's first reading."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        selector = _VirtualSelector()
+        super().__init__(selector)
+        selector.loop = self
+        self._now = float(start)
+        self._in_executor = 0
+
+    def time(self) -> float:
+        return self._now
+
+    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future:
+        fut = super().run_in_executor(executor, func, *args)
+        self._in_executor += 1
+
+        def done(_: Any) -> None:
+            self._in_executor -= 1
+
+        fut.add_done_callback(done)
+        return fut
+
+
+def run_virtual(main: Awaitable[T], start: float = 0.0) -> tuple[T, float]:
+    """Runs ``main`` to completion on a fresh :class:`VirtualTimeLoop`; returns its result and the virtual seconds
+    it took."""
+    loop = VirtualTimeLoop(start)
+    try:
+        asyncio.set_event_loop(loop)
+        result = loop.run_until_complete(main)
+        return result, loop.time() - start
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
