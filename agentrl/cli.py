@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("envs", "sandboxes", "models", "rollout", "train", "eval", "view", "gateway")
+COMMANDS = ("envs", "sandboxes", "models", "rollout", "train", "eval", "view", "gateway", "simulate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,8 @@ Invariants: the clock never goes backwards; it moves only when no callback is re
 virtual instant runs at that instant, in the order asyncio gives it) and no executor job is running (work on a
 thread, ``asyncio.to_thread`` included, takes no virtual time: the clock waits for it); a timer never fires before
 its due time. Threads started some other way (a thread pool of one's own that wakes the loop with
-``call_soon_threadsafe``) are not seen: the clock may run ahead of them.
+``call_soon_threadsafe``, such as the pool :func:`agentrl.core.run_sync` runs sync env methods on) are not seen: the
+clock may run ahead of them, so simulated envs are async throughout.
 """
 
 from __future__ import annotations
