@@ -39,9 +39,12 @@ Public API
   container/process died), or an engine call failed. Never a hang: every call ends within its timeout + grace.
   ``FileTooLarge(SandboxError)``: a read or download over its ``max_bytes``; ``.path``, ``.size`` (None when
   unknown, e.g. /dev/zero), ``.max_bytes``; nothing is kept.
-- ``SandboxPool(max_alive=64, create_rate=20.0, create_burst=4, retries=3, backoff_s=0.5, max_warm=8)``:
-  ``acquire(spec, reuse=False)`` (async context manager), ``prewarm(spec, n)``, ``close()``, ``stats``,
-  ``swept()`` (the orphan sweeps it started, see Lifecycle).
+- ``SandboxPool(max_alive=64, create_rate=20.0, create_burst=4, retries=3, backoff_s=0.5, max_warm=8,
+  guard=HostGuard(overcommit=4.0))``: ``acquire(spec, reuse=False)`` (async context manager), ``prewarm(spec, n)``,
+  ``keep_warm(spec, n, wait=False)`` (a warm pool of fresh sandboxes, refilled in the background), ``close()``,
+  ``stats``, ``swept()`` (the orphan sweeps it started, see Lifecycle).
+- ``HostCapacityError(SandboxError)``: the host cannot hold one more sandbox (``.limit``: "memory", "pids" or
+  "fds"; ``.need``, ``.have``); raised before anything is created.
 - ``sweep(run=None, everything=False) -> SweepReport``; ``build_image("base"|"busybox")``; ``rootfs_path(image)``;
   ``run_id()`` (this process's run label, ``$AGENTRL_RUN_ID`` if set); ``docker_available()``,
   ``bwrap_available()``.
@@ -87,6 +90,7 @@ from .build import build_image, rootfs_path
 from .bwrap import BwrapSandbox, bwrap_available
 from .docker import DockerSandbox, docker_available
 from .factory import create_sandbox
+from .guards import HostCapacityError, HostGuard, HostLimits
 from .pool import SandboxPool, TokenBucket
 from .sweep import SweepReport, sweep
 
@@ -95,6 +99,9 @@ __all__ = [
     "DockerSandbox",
     "ExecResult",
     "FileTooLarge",
+    "HostCapacityError",
+    "HostGuard",
+    "HostLimits",
     "Mount",
     "OutputCap",
     "Sandbox",

@@ -1,5 +1,10 @@
-"""SandboxPool: bounded concurrency, rate-limited creation with retries, optional warm reuse, and a sweep of the
-orphans (dead drivers' and expired sandboxes) of each backend the first time the pool is asked for it."""
+"""SandboxPool: bounded concurrency, rate-limited creation with retries, host resource guards, a warm pool of fresh
+sandboxes refilled in the background, optional warm reuse (reset), and a sweep of the orphans (dead drivers' and
+expired sandboxes) of each backend the first time the pool is asked for it.
+
+Invariants: every creation passes the token bucket (callers and the refill wait for a token, nothing times out on
+it) and the host guard (refused with HostCapacityError before anything is made); a sandbox handed out once is never
+handed out again unless it was reset (``reuse=True``); every sandbox made is stopped on release or by ``close()``."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 from .base import Sandbox, SandboxError, SandboxSpec
+from .guards import HostGuard
 from .sweep import SweepReport, auto_sweep, merge
 
 
@@ -46,6 +52,8 @@ class PoolStats:
     create_failures: int = 0
     retries: int = 0
     reused: int = 0
+    warm_hits: int = 0  # acquires served by a fresh sandbox of the warm pool
+    refill_failures: int = 0
     stopped: int = 0
     in_use: int = 0
     peak_in_use: int = 0
@@ -65,6 +73,9 @@ class SandboxPool:
         reset it (kill its processes, empty work dir and /tmp) and keep it warm instead of destroying it.
     Invariant: every sandbox this pool created is stopped by ``close()`` or on release, including when the holder's
     task is cancelled.
+    keep_warm(spec, n): keep ``n`` fresh (never used) sandboxes of ``spec`` ready; ``acquire(spec)`` takes one
+        and a background task makes its replacement, through the same token bucket.
+    guard: HostGuard charging every live sandbox against the host's memory, PIDs and file descriptors.
     Start: the first acquire/prewarm of each backend sweeps that backend's orphans in the background (``swept()``
     awaits those sweeps and returns what they removed).
     """
@@ -80,6 +91,7 @@ class SandboxPool:
         max_warm: int = 8,
         run: str | None = None,
         factory: Factory | None = None,
+        guard: HostGuard | None = None,
     ):
         if max_alive < 1:
             raise ValueError(f"SandboxPool.max_alive must be >= 1, got {max_alive}")
@@ -94,6 +106,14 @@ class SandboxPool:
         self._factory = factory
         self._closed = False
         self._sweeps: dict[str, asyncio.Future] = {}
+        self.guard = guard if guard is not None else HostGuard()
+        self._fresh: dict[str, list[Sandbox]] = defaultdict(list)
+        self._targets: dict[str, tuple[SandboxSpec, int]] = {}
+        self._making: dict[str, int] = defaultdict(int)
+        self._refill_wake = asyncio.Event()
+        self._refill_task: asyncio.Task | None = None
+        self._fresh_ready = asyncio.Condition()
+        self.refill_error: BaseException | None = None  # the last error of the background refill
         self.stats = PoolStats()
 
     def _sweep_once(self, backend: str) -> None:
@@ -113,6 +133,9 @@ class SandboxPool:
         attempt = 0
         while True:
             await self._bucket.acquire()
+            if self._closed:
+                raise SandboxError("pool is closed")
+            self.guard.admit(spec)  # HostCapacityError: nothing was made
             try:
                 if self._factory is not None:
                     sb = await self._factory(spec)
@@ -120,7 +143,10 @@ class SandboxPool:
                     sb = await create_sandbox(spec, run=self.run).start()
                 self.stats.created += 1
                 return sb
-            except SandboxError as e:
+            except BaseException as e:
+                self.guard.release(spec)
+                if not isinstance(e, SandboxError):
+                    raise
                 self.stats.create_failures += 1
                 if not e.transient or attempt >= self.retries:
                     raise
@@ -132,8 +158,83 @@ class SandboxPool:
     async def prewarm(self, spec: SandboxSpec, n: int) -> None:
         """Create ``n`` sandboxes of ``spec`` and keep them idle for ``acquire(spec, reuse=True)``."""
         self._sweep_once(spec.backend)
-        made = await asyncio.gather(*(self._new(spec) for _ in range(n)))
-        self._warm[spec.key()].extend(made)
+        self.guard.check(spec, n)
+        made = await asyncio.gather(*(self._new(spec) for _ in range(n)), return_exceptions=True)
+        good = [sb for sb in made if not isinstance(sb, BaseException)]
+        self._warm[spec.key()].extend(good)
+        for err in made:
+            if isinstance(err, BaseException):
+                raise err
+
+    async def keep_warm(self, spec: SandboxSpec, n: int, *, wait: bool = False) -> None:
+        """Keep ``n`` fresh sandboxes of ``spec`` made ahead of the acquires that take them (0 stops refilling;
+        those already made stay until taken or ``close()``). ``wait``: return once ``n`` are ready. Raises
+        HostCapacityError at once when the host cannot hold them on top of what the pool holds."""
+        if n < 0:
+            raise ValueError(f"keep_warm n must be >= 0, got {n}")
+        if self._closed:
+            raise SandboxError("pool is closed")
+        self._sweep_once(spec.backend)
+        key = spec.key()
+        missing = n - len(self._fresh[key]) - self._making[key]
+        if missing > 0:
+            self.guard.check(spec, missing)
+        self._targets[key] = (spec, n)
+        if self._refill_task is None:
+            self._refill_task = asyncio.create_task(self._refill_loop())
+        self._refill_wake.set()
+        if wait:
+            async with self._fresh_ready:
+                await self._fresh_ready.wait_for(
+                    lambda: len(self._fresh[key]) >= n or self.refill_error is not None or self._closed)
+            if self.refill_error is not None and len(self._fresh[key]) < n:
+                raise self.refill_error
+
+    async def _refill_loop(self) -> None:
+        """Make what the targets miss, concurrently, each creation through the bucket (which paces them)."""
+        while not self._closed:
+            await self._refill_wake.wait()
+            self._refill_wake.clear()
+            if self._closed:
+                return
+            jobs = []
+            for key, (spec, n) in list(self._targets.items()):
+                for _ in range(n - len(self._fresh[key]) - self._making[key]):
+                    self._making[key] += 1
+                    jobs.append(self._refill_one(key, spec))
+            if jobs:
+                await asyncio.gather(*jobs)
+
+    async def _refill_one(self, key: str, spec: SandboxSpec) -> None:
+        try:
+            sb = await self._new(spec)
+        except Exception as e:  # kept for keep_warm(wait=True) and the caller's look; the next acquire retries
+            self.refill_error = e
+            self.stats.refill_failures += 1
+            sb = None
+        finally:
+            self._making[key] -= 1
+        if sb is not None:
+            if self._closed:
+                await self._stop(sb)
+            else:
+                self.refill_error = None
+                self._fresh[key].append(sb)
+        async with self._fresh_ready:
+            self._fresh_ready.notify_all()
+
+    def _take_fresh(self, spec: SandboxSpec) -> Sandbox | None:
+        key = spec.key()
+        fresh = self._fresh.get(key)
+        if key in self._targets:
+            self._refill_wake.set()  # replace what is taken
+        while fresh:
+            sb = fresh.pop(0)
+            if sb.running and (sb.expires_at or 0) > time.time() + 60:
+                self.stats.warm_hits += 1
+                return sb
+            asyncio.ensure_future(self._stop(sb))
+        return None
 
     @contextlib.asynccontextmanager
     async def acquire(self, spec: SandboxSpec, *, reuse: bool = False) -> AsyncIterator[Sandbox]:
@@ -141,8 +242,8 @@ class SandboxPool:
             raise SandboxError("pool is closed")
         self._sweep_once(spec.backend)
         async with self._sem:
-            sb = None
-            if reuse:
+            sb = self._take_fresh(spec)
+            if reuse and sb is None:
                 idle = self._warm.get(spec.key())
                 while idle and sb is None:
                     cand = idle.pop()
@@ -179,16 +280,31 @@ class SandboxPool:
             await sb.stop()
         finally:
             self.stats.stopped += 1
+            self.guard.release(sb.spec)
 
     @property
     def warm_count(self) -> int:
+        """Reset sandboxes idle for ``acquire(reuse=True)``."""
         return sum(len(v) for v in self._warm.values())
+
+    @property
+    def fresh_count(self) -> int:
+        """Fresh sandboxes of the warm pool, ready for any acquire."""
+        return sum(len(v) for v in self._fresh.values())
 
     async def close(self) -> None:
         """Stop every idle warm sandbox; later acquires fail. Sandboxes still held are stopped on release."""
         self._closed = True
-        idle = [sb for v in self._warm.values() for sb in v]
+        if self._refill_task is not None:
+            # Not cancelled: a creation cut off half-way could leave its sandbox; each one finishing now sees the
+            # pool closed and stops what it made.
+            self._refill_wake.set()
+            await asyncio.gather(self._refill_task, return_exceptions=True)
+        async with self._fresh_ready:
+            self._fresh_ready.notify_all()
+        idle = [sb for v in (*self._warm.values(), *self._fresh.values()) for sb in v]
         self._warm.clear()
+        self._fresh.clear()
         await asyncio.gather(*(self._stop(sb) for sb in idle), return_exceptions=True)
 
     async def __aenter__(self) -> "SandboxPool":

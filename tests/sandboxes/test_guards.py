@@ -1,0 +1,95 @@
+"""Host resource guards: the pool refuses what the host cannot hold, naming the limit and the numbers, before it
+creates anything. The host's numbers are injected, so these run anywhere (no backend)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.sandboxes import SandboxPool, SandboxSpec
+from agentrl.sandboxes.guards import FDS_PER_SANDBOX, FDS_RESERVED, HostCapacityError, HostGuard, HostLimits, probe_host
+
+
+class FakeSandbox:
+    def __init__(self, spec):
+        self.spec = spec
+        self.running = True
+        self.expires_at = None
+        self.stopped = False
+
+    async def stop(self):
+        self.stopped = True
+        self.running = False
+
+
+def pool_on(host: HostLimits, **kw) -> tuple[SandboxPool, list]:
+    made: list = []
+
+    async def factory(spec):
+        made.append(FakeSandbox(spec))
+        return made[-1]
+
+    guard = HostGuard(overcommit=kw.pop("overcommit", 1.0), probe=lambda: host)
+    return SandboxPool(factory=factory, guard=guard, create_rate=1000, create_burst=1000, **kw), made
+
+
+SPEC = SandboxSpec(backend="bwrap", memory_mb=100, pids=50)
+
+
+async def test_memory_guard_refuses_before_creating():
+    pool, made = pool_on(HostLimits(memory_mb=350, pids=10_000, fds=10_000))
+    held = []
+    for _ in range(3):
+        cm = pool.acquire(SPEC)
+        await cm.__aenter__()
+        held.append(cm)
+    with pytest.raises(HostCapacityError, match=r"host memory: 4 sandboxes need 400 MiB, MemAvailable is 350 MiB") as e:
+        async with pool.acquire(SPEC):
+            pass
+    assert e.value.limit == "memory" and e.value.need == 400 and e.value.have == 350
+    assert len(made) == 3  # the refused one was never made
+    await held[0].__aexit__(None, None, None)  # a release gives its share back
+    async with pool.acquire(SPEC):
+        assert len(made) == 4
+    for cm in held[1:]:
+        await cm.__aexit__(None, None, None)
+    await pool.close()
+    assert pool.guard.count == 0 and pool.guard.memory_mb == 0
+
+
+async def test_pids_guard_names_the_limit_and_overcommit_divides():
+    host = HostLimits(memory_mb=100_000, pids=120, fds=10_000, pids_source="pids cgroup /x")
+    pool, made = pool_on(host)
+    with pytest.raises(HostCapacityError, match=r"host PIDs: 3 sandboxes need 150 PIDs, pids cgroup /x leaves 120"):
+        await pool.prewarm(SPEC, 3)
+    assert made == []  # checked for all three before the first was made
+    pool2, made2 = pool_on(host, overcommit=2.0)
+    await pool2.prewarm(SPEC, 3)  # 3 x 50 / 2 = 75 <= 120
+    assert len(made2) == 3
+    await pool2.close()
+    assert all(sb.stopped for sb in made2)
+
+
+async def test_fd_guard_names_rlimit():
+    n_ok = (500 - FDS_RESERVED) // FDS_PER_SANDBOX
+    pool, made = pool_on(HostLimits(memory_mb=10**7, pids=10**7, fds=500))
+    await pool.prewarm(SPEC, n_ok)
+    with pytest.raises(HostCapacityError, match=r"file descriptors: 110 sandboxes need 504 \(RLIMIT_NOFILE leaves 500\).*ulimit -n") as e:
+        async with pool.acquire(SPEC):
+            pass
+    assert e.value.limit == "fds" and len(made) == n_ok
+    await pool.close()
+
+
+async def test_keep_warm_refuses_a_target_the_host_cannot_hold():
+    pool, made = pool_on(HostLimits(memory_mb=1000, pids=10**6, fds=10**6))
+    with pytest.raises(HostCapacityError, match="host memory: 11 sandboxes"):
+        await pool.keep_warm(SPEC, 11)
+    assert made == []
+    await pool.close()
+
+
+def test_guard_rejects_bad_overcommit_and_probes_this_host():
+    with pytest.raises(ValueError, match="overcommit"):
+        HostGuard(overcommit=0.5)
+    host = probe_host()
+    assert host.memory_mb > 0 and host.pids > 0 and host.fds > 0
