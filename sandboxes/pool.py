@@ -242,8 +242,8 @@ class SandboxPool:
             raise SandboxError("pool is closed")
         self._sweep_once(spec.backend)
         async with self._sem:
-            sb = self._take_fresh(spec)
-            if reuse and sb is None:
+            sb = None
+            if reuse:  # reset ones first: the fresh ones are all that plain acquires can take
                 idle = self._warm.get(spec.key())
                 while idle and sb is None:
                     cand = idle.pop()
@@ -252,6 +252,8 @@ class SandboxPool:
                         self.stats.reused += 1
                     else:
                         await self._stop(cand)
+            if sb is None:
+                sb = self._take_fresh(spec)
             if sb is None:
                 sb = await self._new(spec)
             self.stats.in_use += 1
