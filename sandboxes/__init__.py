@@ -43,6 +43,9 @@ Public API
   guard=HostGuard(overcommit=4.0))``: ``acquire(spec, reuse=False)`` (async context manager), ``prewarm(spec, n)``,
   ``keep_warm(spec, n, wait=False)`` (a warm pool of fresh sandboxes, refilled in the background), ``close()``,
   ``stats``, ``swept()`` (the orphan sweeps it started, see Lifecycle).
+- ``take_snapshot(sb, max_bytes=64 MiB) -> Snapshot`` (a prepared work dir, captured once);
+  ``restore_snapshot(sb, snap)``: reset, then the work dir holds exactly the snapshot again (per episode, instead of
+  a rebuild); the pool's ``keep_warm(..., snapshot=)`` and ``acquire(..., reuse=True, snapshot=)`` use it.
 - ``HostCapacityError(SandboxError)``: the host cannot hold one more sandbox (``.limit``: "memory", "pids" or
   "fds"; ``.need``, ``.have``); raised before anything is created.
 - ``sweep(run=None, everything=False) -> SweepReport``; ``build_image("base"|"busybox")``; ``rootfs_path(image)``;
@@ -92,6 +95,7 @@ from .docker import DockerSandbox, docker_available
 from .factory import create_sandbox
 from .guards import HostCapacityError, HostGuard, HostLimits
 from .pool import SandboxPool, TokenBucket
+from .snapshot import Snapshot, restore_snapshot, take_snapshot
 from .sweep import SweepReport, sweep
 
 __all__ = [
@@ -108,6 +112,7 @@ __all__ = [
     "SandboxError",
     "SandboxPool",
     "SandboxSpec",
+    "Snapshot",
     "SweepReport",
     "TokenBucket",
     "build_image",
@@ -115,7 +120,9 @@ __all__ = [
     "cleanup_all",
     "create_sandbox",
     "docker_available",
+    "restore_snapshot",
     "rootfs_path",
     "run_id",
     "sweep",
+    "take_snapshot",
 ]

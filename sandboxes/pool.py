@@ -18,6 +18,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from .base import Sandbox, SandboxError, SandboxSpec
 from .guards import HostGuard
+from .snapshot import Snapshot, restore_snapshot
 from .sweep import SweepReport, auto_sweep, merge
 
 
@@ -60,6 +61,11 @@ class PoolStats:
 
 
 Factory = Callable[[SandboxSpec], Awaitable[Sandbox]]
+
+
+def _key(spec: SandboxSpec, snapshot: Snapshot | None) -> str:
+    """Idle sandboxes are interchangeable when their spec and the state in their work dir are."""
+    return spec.key() + "|" + (snapshot.key if snapshot is not None else "")
 
 
 class SandboxPool:
@@ -108,7 +114,7 @@ class SandboxPool:
         self._sweeps: dict[str, asyncio.Future] = {}
         self.guard = guard if guard is not None else HostGuard()
         self._fresh: dict[str, list[Sandbox]] = defaultdict(list)
-        self._targets: dict[str, tuple[SandboxSpec, int]] = {}
+        self._targets: dict[str, tuple[SandboxSpec, Snapshot | None, int]] = {}
         self._making: dict[str, int] = defaultdict(int)
         self._refill_wake = asyncio.Event()
         self._refill_task: asyncio.Task | None = None
@@ -127,7 +133,19 @@ class SandboxPool:
         done = await asyncio.gather(*self._sweeps.values(), return_exceptions=True)
         return merge([r for r in done if isinstance(r, SweepReport)])
 
-    async def _new(self, spec: SandboxSpec) -> Sandbox:
+    async def _new(self, spec: SandboxSpec, snapshot: Snapshot | None = None) -> Sandbox:
+        """Create (bucket, guard, retries) and, with ``snapshot``, restore it; a sandbox that fails its restore is
+        stopped and the error raised."""
+        sb = await self._create(spec)
+        if snapshot is not None:
+            try:
+                await restore_snapshot(sb, snapshot)
+            except BaseException:
+                await asyncio.shield(self._stop(sb))
+                raise
+        return sb
+
+    async def _create(self, spec: SandboxSpec) -> Sandbox:
         from .factory import create_sandbox
 
         attempt = 0
@@ -161,25 +179,27 @@ class SandboxPool:
         self.guard.check(spec, n)
         made = await asyncio.gather(*(self._new(spec) for _ in range(n)), return_exceptions=True)
         good = [sb for sb in made if not isinstance(sb, BaseException)]
-        self._warm[spec.key()].extend(good)
+        self._warm[_key(spec, None)].extend(good)
         for err in made:
             if isinstance(err, BaseException):
                 raise err
 
-    async def keep_warm(self, spec: SandboxSpec, n: int, *, wait: bool = False) -> None:
+    async def keep_warm(self, spec: SandboxSpec, n: int, *, wait: bool = False,
+                        snapshot: Snapshot | None = None) -> None:
         """Keep ``n`` fresh sandboxes of ``spec`` made ahead of the acquires that take them (0 stops refilling;
-        those already made stay until taken or ``close()``). ``wait``: return once ``n`` are ready. Raises
+        those already made stay until taken or ``close()``). ``wait``: return once ``n`` are ready. ``snapshot``: each
+        is restored to it before it counts as ready (``acquire(spec, snapshot=...)`` takes those). Raises
         HostCapacityError at once when the host cannot hold them on top of what the pool holds."""
         if n < 0:
             raise ValueError(f"keep_warm n must be >= 0, got {n}")
         if self._closed:
             raise SandboxError("pool is closed")
         self._sweep_once(spec.backend)
-        key = spec.key()
+        key = _key(spec, snapshot)
         missing = n - len(self._fresh[key]) - self._making[key]
         if missing > 0:
             self.guard.check(spec, missing)
-        self._targets[key] = (spec, n)
+        self._targets[key] = (spec, snapshot, n)
         if self._refill_task is None:
             self._refill_task = asyncio.create_task(self._refill_loop())
         self._refill_wake.set()
@@ -198,16 +218,16 @@ class SandboxPool:
             if self._closed:
                 return
             jobs = []
-            for key, (spec, n) in list(self._targets.items()):
+            for key, (spec, snapshot, n) in list(self._targets.items()):
                 for _ in range(n - len(self._fresh[key]) - self._making[key]):
                     self._making[key] += 1
-                    jobs.append(self._refill_one(key, spec))
+                    jobs.append(self._refill_one(key, spec, snapshot))
             if jobs:
                 await asyncio.gather(*jobs)
 
-    async def _refill_one(self, key: str, spec: SandboxSpec) -> None:
+    async def _refill_one(self, key: str, spec: SandboxSpec, snapshot: Snapshot | None) -> None:
         try:
-            sb = await self._new(spec)
+            sb = await self._new(spec, snapshot)
         except Exception as e:  # kept for keep_warm(wait=True) and the caller's look; the next acquire retries
             self.refill_error = e
             self.stats.refill_failures += 1
@@ -223,8 +243,7 @@ class SandboxPool:
         async with self._fresh_ready:
             self._fresh_ready.notify_all()
 
-    def _take_fresh(self, spec: SandboxSpec) -> Sandbox | None:
-        key = spec.key()
+    def _take_fresh(self, key: str) -> Sandbox | None:
         fresh = self._fresh.get(key)
         if key in self._targets:
             self._refill_wake.set()  # replace what is taken
@@ -237,14 +256,19 @@ class SandboxPool:
         return None
 
     @contextlib.asynccontextmanager
-    async def acquire(self, spec: SandboxSpec, *, reuse: bool = False) -> AsyncIterator[Sandbox]:
+    async def acquire(self, spec: SandboxSpec, *, reuse: bool = False,
+                      snapshot: Snapshot | None = None) -> AsyncIterator[Sandbox]:
+        """A sandbox of ``spec`` for one episode: a reset one (``reuse``), else a fresh one of the warm pool, else a
+        new one. ``snapshot``: its work dir holds that state when handed out, and on release (``reuse``) it is
+        restored to it rather than emptied."""
         if self._closed:
             raise SandboxError("pool is closed")
         self._sweep_once(spec.backend)
         async with self._sem:
             sb = None
+            key = _key(spec, snapshot)
             if reuse:  # reset ones first: the fresh ones are all that plain acquires can take
-                idle = self._warm.get(spec.key())
+                idle = self._warm.get(key)
                 while idle and sb is None:
                     cand = idle.pop()
                     if cand.running and (cand.expires_at or 0) > time.time() + 60:
@@ -253,9 +277,9 @@ class SandboxPool:
                     else:
                         await self._stop(cand)
             if sb is None:
-                sb = self._take_fresh(spec)
+                sb = self._take_fresh(key)
             if sb is None:
-                sb = await self._new(spec)
+                sb = await self._new(spec, snapshot)
             self.stats.in_use += 1
             self.stats.peak_in_use = max(self.stats.peak_in_use, self.stats.in_use)
             keep = False
@@ -265,13 +289,16 @@ class SandboxPool:
             finally:
                 self.stats.in_use -= 1
                 # Shielded: a cancelled holder must still release its sandbox.
-                await asyncio.shield(self._release(spec, sb, keep))
+                await asyncio.shield(self._release(key, snapshot, sb, keep))
 
-    async def _release(self, spec: SandboxSpec, sb: Sandbox, keep: bool) -> None:
-        if keep and not self._closed and sb.running and len(self._warm[spec.key()]) < self.max_warm:
+    async def _release(self, key: str, snapshot: Snapshot | None, sb: Sandbox, keep: bool) -> None:
+        if keep and not self._closed and sb.running and len(self._warm[key]) < self.max_warm:
             try:
-                await sb.reset()
-                self._warm[spec.key()].append(sb)
+                if snapshot is not None:
+                    await restore_snapshot(sb, snapshot)
+                else:
+                    await sb.reset()
+                self._warm[key].append(sb)
                 return
             except SandboxError:
                 pass
