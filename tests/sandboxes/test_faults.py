@@ -1,0 +1,112 @@
+"""Faults at CI scale: sandboxes of a pool killed from outside while a command runs in them (bwrap: every process of
+the sandbox's cgroup, as the OOM killer or an operator would; docker: ``docker kill``). The killed ones' commands
+fail with a SandboxError that names the cause, within seconds, never a hang; the others finish untouched; after
+release nothing of any of them is left (no state dir, no cgroup, no container)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from agentrl.sandboxes import SandboxError, SandboxPool
+
+from .conftest import until_running
+
+COUNT = {"bwrap": 16, "docker": 4}
+
+
+def kill_from_outside(sb) -> None:
+    if sb.backend == "docker":
+        from agentrl.sandboxes.docker import docker_client
+
+        docker_client().api.kill(sb.container_id)
+        return
+    pids = sb.cgroup.pids() if sb.cgroup is not None else [p.pid for p in sb._procs]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def leftovers(sb) -> list[str]:
+    if sb.backend == "docker":
+        from agentrl.sandboxes.docker import docker_client
+
+        return [c["Id"][:12] for c in docker_client().api.containers(all=True, filters={"id": sb.container_id})]
+    left = [str(sb.state_dir)] if sb.state_dir.exists() else []
+    if sb.cgroup is not None:
+        left += [str(d) for d in sb.cgroup.dirs if d.exists()]
+    return left
+
+
+async def test_sandboxes_killed_mid_command_fail_with_cause_and_leave_nothing(busybox_spec):
+    n = COUNT[busybox_spec.backend]
+    victims = set(range(0, n, 4))  # a quarter of the fleet
+    pool = SandboxPool(max_alive=n, create_rate=50, create_burst=n)
+    await pool.keep_warm(busybox_spec, n, wait=True)
+    await pool.keep_warm(busybox_spec, 0)
+    held: dict[int, object] = {}
+    all_running = asyncio.Event()
+    kills_done = asyncio.Event()
+    results: dict[int, object] = {}
+    ready = 0
+
+    async def episode(i: int) -> None:
+        nonlocal ready
+        async with pool.acquire(busybox_spec) as sb:
+            held[i] = sb
+            task = asyncio.create_task(sb.exec(f"sleep 300 # ep{i}" if i in victims else f"echo ep{i}-ok",
+                                               timeout=120))
+            if i in victims:
+                await until_running(sb, f"ep{i}")
+            ready += 1
+            if ready == n:  # every victim's command is running: the kills land mid-command
+                all_running.set()
+            await all_running.wait()
+            await kills_done.wait()
+            t0 = time.monotonic()
+            try:
+                results[i] = await asyncio.wait_for(task, 30)
+            except SandboxError as e:
+                results[i] = e
+            results[(i, "s")] = time.monotonic() - t0
+
+    eps = asyncio.gather(*(episode(i) for i in range(n)))
+    await all_running.wait()
+    for i in victims:
+        kill_from_outside(held[i])
+    kills_done.set()
+    await asyncio.wait_for(eps, 120)
+    for i in range(n):
+        if i in victims:
+            assert isinstance(results[i], SandboxError), results[i]
+            assert results[i].sandbox_id == held[i].id
+            assert "killed" in str(results[i]) or "not running" in str(results[i]) \
+                or "no longer exists" in str(results[i]), results[i]
+            assert results[(i, "s")] < 20
+        else:
+            assert results[i].ok and results[i].output.strip() == f"ep{i}-ok", results[i]
+    await pool.close()
+    assert pool.stats.stopped == pool.stats.created == n and pool.guard.count == 0
+    assert [left for sb in held.values() for left in leftovers(sb)] == []
+
+
+async def test_sandbox_killed_while_idle_fails_its_next_command_and_leaves_nothing(busybox_spec):
+    """A killed sandbox fails its first command with the cause, and its release still removes everything."""
+    pool = SandboxPool(max_alive=2)
+    await pool.keep_warm(busybox_spec, 1, wait=True)
+    await pool.keep_warm(busybox_spec, 0)
+    async with pool.acquire(busybox_spec) as sb:
+        kill_from_outside(sb)  # no command running: bwrap has no process; docker's container dies
+        if sb.backend == "docker":
+            with pytest.raises(SandboxError, match="not running|no longer exists|killed"):
+                await asyncio.wait_for(sb.exec("echo hi", timeout=10), 30)
+        else:
+            assert (await sb.exec("echo hi", timeout=10)).ok  # bwrap: nothing lives between commands
+    await pool.close()
+    assert leftovers(sb) == []
