@@ -60,6 +60,7 @@ log = logging.getLogger("agentrl.sandboxes")
 EXEC_GRACE_S = 15.0
 # How long a new exec may take to show up in the container (runc exec on a loaded engine).
 EXEC_START_S = 60.0
+REMOVE_WAIT_S = 30.0  # a removal the engine already started (auto_remove of a killed container)
 _IMAGES_SEEN: set[str] = set()
 _WARNED_FALLBACK = False
 
@@ -215,14 +216,26 @@ class DockerSandbox(Sandbox):
             return
         import docker
 
+        api = docker_client().api
         try:
-            docker_client().api.remove_container(self.container_id, force=True)
+            api.remove_container(self.container_id, force=True)
+            return
         except docker.errors.NotFound:
-            pass
+            return
         except docker.errors.APIError as e:
-            # auto_remove may already be removing it ("removal ... already in progress").
+            # auto_remove may already be removing it ("removal ... already in progress"): a container killed from
+            # outside. Wait for that removal, so that a stopped sandbox is gone when stop returns.
             if getattr(e.response, "status_code", 0) != 409:
                 raise SandboxError(f"remove failed: {e}", sandbox_id=self.id) from e
+        deadline = time.monotonic() + REMOVE_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                api.inspect_container(self.container_id)
+            except docker.errors.NotFound:
+                return
+            time.sleep(0.05)
+        raise SandboxError(f"container still present {REMOVE_WAIT_S:.0f}s after its removal began (the sweep "
+                           "removes it)", sandbox_id=self.id)
 
     # the raw exec primitive -------------------------------------------------------------------------------------
     def _dead_reason(self) -> str | None:
