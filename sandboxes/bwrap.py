@@ -453,13 +453,13 @@ class BwrapSandbox(Sandbox):
             raise SandboxError(f"{cmd[:80]!r} did not finish within {timeout:.0f}s", sandbox_id=self.id)
         return code, err
 
-    async def reset(self) -> None:
+    async def reset(self, *, restore: bytes | None = None) -> None:
         """No process outlives an exec here, and /dev, /dev/shm and IPC are new per exec, so a reset is: kill the
         cgroup's leftovers, empty work dir and /tmp."""
         self._check_alive()
         if self.cgroup is not None:
             await to_thread(self.cgroup.kill_all)
-        await super().reset()
+        await super().reset(restore=restore)
 
     def memory_bytes(self) -> int | None:
         """Memory charged to the sandbox's cgroup (page cache and tmpfs included), or None without a cgroup."""

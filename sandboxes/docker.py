@@ -466,12 +466,12 @@ class DockerSandbox(Sandbox):
     def _wipe_dirs(self) -> list[str]:
         return [self.spec.workdir, "/tmp", "/dev/shm", "/dev/mqueue"]
 
-    async def reset(self) -> None:
+    async def reset(self, *, restore: bytes | None = None) -> None:
         """Kill every process of the previous episode (all but the container's init and TTL process), remove its
         SysV IPC objects, then empty the work dir, /tmp, /dev/shm and /dev/mqueue (POSIX shm and queues)."""
         self._check_alive()
         await to_thread(self._reset_processes_and_ipc)
-        await super().reset()
+        await super().reset(restore=restore)
 
     def _reset_processes_and_ipc(self) -> None:
         if self.groups is not None:

@@ -2,8 +2,8 @@
 
 Flow: prepare one sandbox (upload a repo, install, build), ``snap = await take_snapshot(sb)``; then for each
 episode ``await restore_snapshot(sb, snap)`` on any sandbox of an equal spec: the backend's reset (the previous
-episode's processes killed; work dir, /tmp and, on docker, /dev/shm, /dev/mqueue and SysV IPC emptied), then one
-command that unpacks the snapshot into the empty work dir. The pool does it for warm sandboxes
+episode's processes killed; work dir, /tmp and, on docker, /dev/shm, /dev/mqueue and SysV IPC emptied), whose
+wipe command then unpacks the snapshot into the empty work dir. The pool does it for warm sandboxes
 (``keep_warm(spec, n, snapshot=snap)``, ``acquire(spec, reuse=True, snapshot=snap)``).
 
 Invariants: the snapshot is a tar of the work dir held in the driver's memory (at most ``max_bytes``), so it needs
@@ -53,7 +53,4 @@ async def restore_snapshot(sb: Sandbox, snap: Snapshot) -> None:
     if snap.workdir != sb.spec.workdir:
         raise SandboxError(f"snapshot of work dir {snap.workdir} cannot restore into {sb.spec.workdir}",
                            sandbox_id=sb.id)
-    await sb.reset()
-    q = shlex.quote(snap.workdir)
-    # -p: the snapshot's modes exactly (the sandbox user's umask would narrow them); -o: owned by that user.
-    await sb._checked(f"tar -C {q} -xpof -", "snapshot restore", stdin=snap.data)
+    await sb.reset(restore=snap.data)
