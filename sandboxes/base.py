@@ -286,6 +286,14 @@ class Sandbox(abc.ABC):
     def running(self) -> bool:
         return self.started_at is not None and not self._stopped
 
+    async def dead_reason(self) -> str | None:
+        """None when the sandbox can take commands, else why not (the pool asks before handing out an idle one)."""
+        try:
+            self._check_alive()
+        except SandboxError as e:
+            return str(e)
+        return None
+
     # commands and files -------------------------------------------------------------------------------------
     @abc.abstractmethod
     async def exec(

@@ -252,6 +252,10 @@ class DockerSandbox(Sandbox):
             return None
         return f"its container is not running (status {state.get('Status')}, exit code {state.get('ExitCode')})"
 
+    async def dead_reason(self) -> str | None:
+        """Also asks the engine: a container killed or lost (daemon restart) while idle shows only there."""
+        return await super().dead_reason() or await to_thread(self._dead_reason)
+
     def _dead_soon(self) -> str | None:
         """Like _dead_reason, giving the engine a moment to show a container killed under us as not running."""
         reason = self._dead_reason()

@@ -55,6 +55,7 @@ class PoolStats:
     reused: int = 0
     warm_hits: int = 0  # acquires served by a fresh sandbox of the warm pool
     refill_failures: int = 0
+    dead_idle: int = 0  # idle sandboxes found dead when about to be handed out (stopped instead)
     stopped: int = 0
     in_use: int = 0
     peak_in_use: int = 0
@@ -243,17 +244,31 @@ class SandboxPool:
         async with self._fresh_ready:
             self._fresh_ready.notify_all()
 
-    def _take_fresh(self, key: str) -> Sandbox | None:
-        fresh = self._fresh.get(key)
+    async def _take_idle(self, idle: list[Sandbox] | None) -> Sandbox | None:
+        """The first idle sandbox that is alive with a minute of TTL left; the dead and expiring ones are stopped
+        (killed from outside, lost with the engine, or swept while idle: never handed out)."""
+        while idle:
+            sb = idle.pop(0)
+            if sb.running and (sb.expires_at or 0) > time.time() + 60:
+                if await sb.dead_reason() is None:
+                    return sb
+                self.stats.dead_idle += 1
+            await asyncio.shield(self._stop_quietly(sb))
+        return None
+
+    async def _stop_quietly(self, sb: Sandbox) -> None:
+        try:
+            await self._stop(sb)
+        except SandboxError:
+            pass  # a dead sandbox that will not go: the sweep removes it
+
+    async def _take_fresh(self, key: str) -> Sandbox | None:
         if key in self._targets:
             self._refill_wake.set()  # replace what is taken
-        while fresh:
-            sb = fresh.pop(0)
-            if sb.running and (sb.expires_at or 0) > time.time() + 60:
-                self.stats.warm_hits += 1
-                return sb
-            asyncio.ensure_future(self._stop(sb))
-        return None
+        sb = await self._take_idle(self._fresh.get(key))
+        if sb is not None:
+            self.stats.warm_hits += 1
+        return sb
 
     @contextlib.asynccontextmanager
     async def acquire(self, spec: SandboxSpec, *, reuse: bool = False,
@@ -268,16 +283,11 @@ class SandboxPool:
             sb = None
             key = _key(spec, snapshot)
             if reuse:  # reset ones first: the fresh ones are all that plain acquires can take
-                idle = self._warm.get(key)
-                while idle and sb is None:
-                    cand = idle.pop()
-                    if cand.running and (cand.expires_at or 0) > time.time() + 60:
-                        sb = cand
-                        self.stats.reused += 1
-                    else:
-                        await self._stop(cand)
+                sb = await self._take_idle(self._warm.get(key))
+                if sb is not None:
+                    self.stats.reused += 1
             if sb is None:
-                sb = self._take_fresh(key)
+                sb = await self._take_fresh(key)
             if sb is None:
                 sb = await self._new(spec, snapshot)
             self.stats.in_use += 1

@@ -96,6 +96,29 @@ async def test_sandboxes_killed_mid_command_fail_with_cause_and_leave_nothing(bu
     assert [left for sb in held.values() for left in leftovers(sb)] == []
 
 
+async def test_warm_pool_never_hands_out_a_sandbox_that_died_while_idle(busybox_spec):
+    """Idle sandboxes of the warm pool lost from outside (docker: killed; bwrap: its state swept away) are found
+    dead at acquire, stopped, and replaced: the episode gets a working one."""
+    from agentrl.sandboxes.bwrap_state import release_state
+
+    pool = SandboxPool(max_alive=4)
+    await pool.keep_warm(busybox_spec, 3, wait=True)
+    await pool.keep_warm(busybox_spec, 0)
+    victims = list(pool._fresh[next(iter(pool._fresh))][:2])
+    for sb in victims:
+        if sb.backend == "docker":
+            kill_from_outside(sb)
+        else:
+            release_state(sb.state_dir)
+    async with pool.acquire(busybox_spec) as sb:
+        assert sb not in victims
+        assert (await sb.exec("echo alive", timeout=30)).output.strip() == "alive"
+    assert pool.stats.dead_idle == 2 and pool.stats.warm_hits == 1
+    await pool.close()
+    assert [left for sb in victims for left in leftovers(sb)] == []
+    assert pool.stats.stopped == pool.stats.created
+
+
 async def test_sandbox_killed_while_idle_fails_its_next_command_and_leaves_nothing(busybox_spec):
     """A killed sandbox fails its first command with the cause, and its release still removes everything."""
     pool = SandboxPool(max_alive=2)

@@ -20,6 +20,9 @@ class FakeSandbox:
         self.stopped = True
         self.running = False
 
+    async def dead_reason(self):
+        return None
+
 
 def pool_on(host: HostLimits, **kw) -> tuple[SandboxPool, list]:
     made: list = []

@@ -73,6 +73,9 @@ class Fake:
     async def stop(self):
         self.running = False
 
+    async def dead_reason(self):
+        return None
+
 
 async def test_rate_limit_is_backpressure_not_a_timeout():
     """More acquirers than the bucket allows at once, and a refill competing for the same tokens: every caller
