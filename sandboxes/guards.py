@@ -6,8 +6,9 @@ from then on accounts for its own sandboxes itself (``HostGuard.admit`` before e
 each stop), so a check costs no system call and the count cannot drift with what other processes do meanwhile.
 
 What a sandbox is charged: its spec's ``memory_mb`` and ``pids`` divided by ``overcommit`` (limits are ceilings
-that most sandboxes never reach; 1.0 reserves them in full), and ``FDS_PER_SANDBOX`` of the driver's file
-descriptors, never overcommitted (a stepping sandbox really holds them: bwrap's pipes, docker's exec socket).
+that most sandboxes never reach; 1.0 reserves them in full), plus its backend's ``HOST_OVERHEAD`` outside those
+limits, and ``FDS_PER_SANDBOX`` of the driver's file descriptors; neither is overcommitted (a live sandbox really
+holds them: docker's shim, bwrap's pipes, docker's exec socket).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from .base import SandboxError, SandboxSpec
 # memfd; docker: the exec's socket and the engine connection it comes from), with room for the driver's own.
 FDS_PER_SANDBOX = 4
 FDS_RESERVED = 64  # the driver's own files, sockets, the event loop
+# What a sandbox costs the host outside its own limits, charged in full: a docker container's containerd shim
+# (seen here: 11 threads, ~3 MiB PSS per container, benchmarks/RESULTS-sandboxes.md) and its init + TTL process.
+# A bwrap sandbox's processes all live in its cgroup, so within its spec's limits.
+HOST_OVERHEAD = {"docker": (4, 13), "bwrap": (0, 0)}  # backend -> (MiB, PIDs)
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,8 @@ class HostGuard:
         self.count = 0
 
     def _cost(self, spec: SandboxSpec) -> tuple[float, float, int]:
-        return spec.memory_mb / self.overcommit, spec.pids / self.overcommit, FDS_PER_SANDBOX
+        mem, pids = HOST_OVERHEAD.get(spec.backend, (0, 0))
+        return mem + spec.memory_mb / self.overcommit, pids + spec.pids / self.overcommit, FDS_PER_SANDBOX
 
     def check(self, spec: SandboxSpec, n: int = 1) -> None:
         """Raise HostCapacityError when ``n`` more sandboxes of ``spec`` would not fit; charge nothing."""

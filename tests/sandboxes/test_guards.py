@@ -91,6 +91,24 @@ async def test_keep_warm_refuses_a_target_the_host_cannot_hold():
     await pool.close()
 
 
+async def test_docker_host_overhead_is_charged_in_full():
+    """A docker sandbox also costs its shim's memory and threads, which no overcommit divides."""
+    from dataclasses import replace
+
+    from agentrl.sandboxes.guards import HOST_OVERHEAD
+
+    mem, pids = HOST_OVERHEAD["docker"]
+    guard = HostGuard(overcommit=1000.0, probe=lambda: HostLimits(memory_mb=10**6, pids=10 * pids, fds=10**6))
+    spec = replace(SPEC, backend="docker")
+    for _ in range(9):
+        guard.admit(spec)  # 9 x (13 + 0.05) PIDs
+    with pytest.raises(HostCapacityError, match="host PIDs: 10 sandboxes"):
+        guard.admit(spec)
+    bwrap = HostGuard(overcommit=1000.0, probe=lambda: HostLimits(memory_mb=10**6, pids=10 * pids, fds=10**6))
+    for _ in range(100):
+        bwrap.admit(SPEC)  # bwrap's processes are within its spec's pids: 100 x 0.05
+
+
 def test_guard_rejects_bad_overcommit_and_probes_this_host():
     with pytest.raises(ValueError, match="overcommit"):
         HostGuard(overcommit=0.5)
