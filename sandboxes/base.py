@@ -149,6 +149,8 @@ class ExecResult:
 
     timed_out: the command ran past its timeout and its whole process tree was killed; exit_code is then 124.
     truncated: output exceeded the cap; the head and the tail are kept around a marker line.
+    oom_killed: the kernel's OOM killer killed a process of the sandbox while the command ran (the sandbox hit its
+        memory limit: the cause of an exit 137), read from the sandbox's memory cgroup; False where unreadable.
     """
 
     output: str
@@ -156,6 +158,7 @@ class ExecResult:
     timed_out: bool = False
     truncated: bool = False
     duration: float = 0.0
+    oom_killed: bool = False
 
     @property
     def ok(self) -> bool:

@@ -50,7 +50,7 @@ from .base import (
 )
 from .wrappers import TIMEOUT_EXIT, check_timeout, command_string, done_code, wrap_command
 from .bwrap_state import mount_tmpfs, release_state, release_state_mounts, safe_name
-from .cgroups import Cgroup, cgroup_mode
+from .cgroups import Cgroup, cgroup_mode, oom_kills
 
 # Slack after the command's end or its timeout for bwrap to exit and its pipes to close.
 EXEC_GRACE_S = 10.0
@@ -439,10 +439,13 @@ class BwrapSandbox(Sandbox):
         check_timeout(timeout)
         t0 = time.monotonic()
         out = OutputCap(output_limit or self.spec.output_limit)
+        memcg = self.cgroup.dirs[0] if self.cgroup is not None else None  # v1: memory is the first controller
+        ooms = oom_kills(memcg)
         code, _, timed_out = await self._run(command_string(cmd), plain=False, timeout=timeout, sink=out.feed,
                                              cwd=self._abs(cwd) if cwd else None, env=env)
+        after = oom_kills(memcg)
         return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,
-                          duration=time.monotonic() - t0)
+                          duration=time.monotonic() - t0, oom_killed=ooms is not None and (after or 0) > ooms)
 
     async def _plain(self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,
                      timeout: float = PLAIN_TIMEOUT_S) -> tuple[int, bytes]:

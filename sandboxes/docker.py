@@ -50,7 +50,7 @@ from .base import (
     to_thread,
     unregister_live,
 )
-from .cgroups import ContainerGroups
+from .cgroups import ContainerGroups, memory_cgroup_of, oom_kills
 from .docker_engine import _is_transient, _Stream, docker_available, docker_client  # noqa: F401 (re-exported)
 from .wrappers import STATUS_TIMEOUT, TIMEOUT_EXIT, check_timeout, done_code, watchdog_command, wrap_command
 
@@ -83,6 +83,7 @@ class DockerSandbox(Sandbox):
         uid, gid = spec.uid_gid()
         self.exec_user = f"{uid}:{gid}"
         self.init_pid = 0
+        self._memcg: Path | None = None  # the container's memory cgroup on this host (for ExecResult.oom_killed)
         self.groups: ContainerGroups | None = None
         self.reaper = "in-sandbox"
 
@@ -453,10 +454,14 @@ class DockerSandbox(Sandbox):
     def _exec_sync(self, cmd, timeout, cwd, env, limit) -> ExecResult:
         t0 = time.monotonic()
         out = OutputCap(limit)
+        if self._memcg is None and self.init_pid:
+            self._memcg = memory_cgroup_of(self.init_pid)
+        ooms = oom_kills(self._memcg)
         code, _, timed_out = self._run(cmd, plain=False, timeout=timeout, sink=out.feed,
                                        cwd=self._abs(cwd) if cwd else None, env=env)
+        after = oom_kills(self._memcg)
         return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,
-                          duration=time.monotonic() - t0)
+                          duration=time.monotonic() - t0, oom_killed=ooms is not None and (after or 0) > ooms)
 
     async def _plain(self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,
                      timeout: float = PLAIN_TIMEOUT_S) -> tuple[int, bytes]:

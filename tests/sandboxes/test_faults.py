@@ -133,3 +133,21 @@ async def test_sandbox_killed_while_idle_fails_its_next_command_and_leaves_nothi
             assert (await sb.exec("echo hi", timeout=10)).ok  # bwrap: nothing lives between commands
     await pool.close()
     assert leftovers(sb) == []
+
+
+async def test_memory_limit_hit_is_named_as_the_cause(base_spec):
+    """A command that outgrows the sandbox's memory limit is OOM-killed by the kernel; the result says so
+    (``oom_killed``), so a caller can end the episode as an infrastructure failure with that cause. The sandbox
+    stays usable and a later command is not blamed."""
+    from dataclasses import replace
+
+    from agentrl.sandboxes import create_sandbox
+
+    async with create_sandbox(replace(base_spec, memory_mb=64)) as sb:
+        ok = await sb.exec("echo fine", timeout=30)
+        assert ok.ok and not ok.oom_killed
+        hog = await sb.exec("python3 -c \"b = bytearray(256 << 20); print('survived')\"", timeout=60)
+        assert "survived" not in hog.output and hog.exit_code != 0
+        assert hog.oom_killed, hog
+        after = await sb.exec("echo fine", timeout=30)
+        assert after.ok and not after.oom_killed
