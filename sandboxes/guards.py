@@ -35,8 +35,8 @@ HOST_OVERHEAD = {"docker": (4, 13), "bwrap": (0, 0)}  # backend -> (MiB, PIDs)
 class HostLimits:
     """What the host can give, as probed. ``None`` where there is no such limit."""
 
-    memory_mb: int  # MemAvailable, or less where the driver's memory cgroup allows less
-    pids: int  # free PIDs: pid_max (or the driver's pids cgroup limit) minus the tasks that exist now
+    memory_mb: int  # MemAvailable, or less where the sandboxes' parent memory cgroup allows less
+    pids: int  # free PIDs: pid_max (or the sandboxes' parent pids cgroup limit) minus the tasks that exist now
     fds: int  # RLIMIT_NOFILE soft limit minus the descriptors open now
     memory_source: str = "MemAvailable"
     pids_source: str = "kernel.pid_max"
@@ -59,16 +59,14 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _own_cgroup(controller: str) -> Path | None:
-    """The v1 cgroup directory of this process for ``controller`` (None on a v2-only or unreadable host)."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, ctrls, path = line.split(":", 2)
-        if controller in ctrls.split(","):
-            return Path("/sys/fs/cgroup") / controller / path.lstrip("/")
+def _sandbox_cgroup(controller: str) -> Path | None:
+    """The cgroup that bwrap sandboxes' groups are made under (``agentrl``, v1 then v2): a limit set there caps
+    them all (an operator's cap on the fleet). None when it does not exist yet."""
+    from .cgroups import CGROUP_ROOT
+
+    for d in (CGROUP_ROOT / controller / "agentrl", CGROUP_ROOT / "agentrl"):
+        if d.is_dir():
+            return d
     return None
 
 
@@ -79,15 +77,16 @@ def probe_host() -> HostLimits:
         name, _, rest = line.partition(":")
         meminfo[name] = int(rest.split()[0])  # kB
     memory_mb, memory_source = meminfo.get("MemAvailable", meminfo.get("MemFree", 0)) // 1024, "MemAvailable"
-    mem_cg = _own_cgroup("memory")
+    mem_cg = _sandbox_cgroup("memory")
     if mem_cg is not None:
-        limit, usage = _read_int(str(mem_cg / "memory.limit_in_bytes")), _read_int(str(mem_cg / "memory.usage_in_bytes"))
+        limit = _read_int(str(mem_cg / "memory.limit_in_bytes")) or _read_int(str(mem_cg / "memory.max"))
+        usage = _read_int(str(mem_cg / "memory.usage_in_bytes")) or _read_int(str(mem_cg / "memory.current"))
         if limit is not None and usage is not None and (limit - usage) >> 20 < memory_mb:
             memory_mb, memory_source = max(0, (limit - usage) >> 20), f"memory cgroup {mem_cg}"
     tasks = sum(1 for d in os.listdir("/proc") if d.isdigit())  # processes; threads count too but are few here
     pid_max = _read_int("/proc/sys/kernel/pid_max") or 32768
     pids, pids_source = pid_max - tasks, "kernel.pid_max"
-    pids_cg = _own_cgroup("pids")
+    pids_cg = _sandbox_cgroup("pids")
     if pids_cg is not None:
         cg_max, cg_now = _read_int(str(pids_cg / "pids.max")), _read_int(str(pids_cg / "pids.current"))
         if cg_max is not None and cg_now is not None and cg_max - cg_now < pids:

@@ -114,3 +114,20 @@ def test_guard_rejects_bad_overcommit_and_probes_this_host():
         HostGuard(overcommit=0.5)
     host = probe_host()
     assert host.memory_mb > 0 and host.pids > 0 and host.fds > 0
+
+
+def test_probe_reads_a_cap_set_on_the_sandboxes_parent_cgroup(tmp_path, monkeypatch):
+    """An operator's cap on the fleet (limits on the ``agentrl`` cgroup every bwrap sandbox's group is made under)
+    is what the guard holds the pool to, and the error would name that cgroup."""
+    from agentrl.sandboxes import cgroups
+
+    (tmp_path / "pids" / "agentrl").mkdir(parents=True)
+    (tmp_path / "pids" / "agentrl" / "pids.max").write_text("100\n")
+    (tmp_path / "pids" / "agentrl" / "pids.current").write_text("10\n")
+    (tmp_path / "memory" / "agentrl").mkdir(parents=True)
+    (tmp_path / "memory" / "agentrl" / "memory.limit_in_bytes").write_text(str(300 << 20))
+    (tmp_path / "memory" / "agentrl" / "memory.usage_in_bytes").write_text(str(100 << 20))
+    monkeypatch.setattr(cgroups, "CGROUP_ROOT", tmp_path)
+    host = probe_host()
+    assert host.pids == 90 and host.pids_source == f"pids cgroup {tmp_path / 'pids' / 'agentrl'}"
+    assert host.memory_mb == 200 and host.memory_source == f"memory cgroup {tmp_path / 'memory' / 'agentrl'}"
