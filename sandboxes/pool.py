@@ -201,6 +201,7 @@ class SandboxPool:
         if missing > 0:
             self.guard.check(spec, missing)
         self._targets[key] = (spec, snapshot, n)
+        self.refill_error = None  # a new target: wait for what this refill meets, not an earlier one
         if self._refill_task is None:
             self._refill_task = asyncio.create_task(self._refill_loop())
         self._refill_wake.set()
@@ -249,7 +250,7 @@ class SandboxPool:
         (killed from outside, lost with the engine, or swept while idle: never handed out)."""
         while idle:
             sb = idle.pop(0)
-            if sb.running and (sb.expires_at or 0) > time.time() + 60:
+            if sb.running and (sb.expires_at is None or sb.expires_at > time.time() + 60):
                 if await sb.dead_reason() is None:
                     return sb
                 self.stats.dead_idle += 1

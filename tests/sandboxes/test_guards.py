@@ -131,3 +131,27 @@ def test_probe_reads_a_cap_set_on_the_sandboxes_parent_cgroup(tmp_path, monkeypa
     host = probe_host()
     assert host.pids == 90 and host.pids_source == f"pids cgroup {tmp_path / 'pids' / 'agentrl'}"
     assert host.memory_mb == 200 and host.memory_source == f"memory cgroup {tmp_path / 'memory' / 'agentrl'}"
+
+
+async def test_refill_stops_at_the_host_limit_and_says_why():
+    """The background refill meets the guard like any creation: what does not fit is refused with the cause
+    (``refill_error``, ``keep_warm(wait=True)`` raises it) instead of waiting for ever; releases make room again."""
+    pool, made = pool_on(HostLimits(memory_mb=450, pids=10**6, fds=10**6))  # 4 sandboxes of 100 MiB
+    await pool.keep_warm(SPEC, 3, wait=True)
+    held = []
+    for _ in range(2):  # two taken: the refill wants two more, the host holds one more
+        cm = pool.acquire(SPEC)
+        await cm.__aenter__()
+        held.append(cm)
+    async with pool._fresh_ready:  # the refill has run: one made, one refused
+        await pool._fresh_ready.wait_for(lambda: pool.stats.refill_failures >= 1 and pool._making[next(iter(pool._making))] == 0)
+    assert isinstance(pool.refill_error, HostCapacityError) and "host memory" in str(pool.refill_error)
+    assert pool.fresh_count == 2 and len(made) == 4
+    with pytest.raises(HostCapacityError, match="host memory"):
+        await pool.keep_warm(SPEC, 3, wait=True)
+    for cm in held:
+        await cm.__aexit__(None, None, None)
+    await pool.keep_warm(SPEC, 3, wait=True)  # the released ones' share lets the refill finish
+    assert pool.fresh_count == 3 and pool.refill_error is None
+    await pool.close()
+    assert pool.guard.count == 0
