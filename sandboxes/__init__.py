@@ -32,8 +32,9 @@ Public API
   max_bytes=1 GiB)``, ``reset()``; attributes ``id``, ``run_id``, ``spec``, ``running``, ``expires_at``; docker:
   ``reaper`` ("host-cgroup" or the weaker "in-sandbox"); bwrap: ``limits`` ("cgroup-v1+tmpfs", ...),
   ``isolation`` ("seccomp+no-userns").
-- ``ExecResult(output: str, exit_code: int, timed_out: bool, truncated: bool, duration: float, oom_killed: bool)``,
-  ``.ok``; ``oom_killed``: the sandbox hit its memory limit during the command (its memory cgroup's OOM kills).
+- ``ExecResult(output: str, exit_code: int, timed_out: bool, truncated: bool, duration: float, oom_killed: bool,
+  disk_full: bool)``, ``.ok``; ``oom_killed``: the sandbox hit its memory limit during the command (its memory
+  cgroup's OOM kills); ``disk_full``: its work dir or /tmp had no free block left when the command ended.
   ``output`` is stdout+stderr interleaved, UTF-8 decoded with replacement; over the cap, head and tail are kept
   around a ``[... N bytes of output truncated ...]`` line. A timed-out command has ``exit_code == 124``.
 - ``SandboxError(message, sandbox_id=, transient=)``: the sandbox is not running (not started, stopped, expired,

@@ -159,6 +159,7 @@ class ExecResult:
     truncated: bool = False
     duration: float = 0.0
     oom_killed: bool = False
+    disk_full: bool = False  # the work dir or /tmp was full when the command ended (its disk limit hit)
 
     @property
     def ok(self) -> bool:
@@ -482,3 +483,16 @@ def _untar(tar_path: Path, dest: Path) -> None:
             tar.extractall(dest, filter="data")
         except TypeError:  # Python without extraction filters
             tar.extractall(dest)
+
+
+def full_dirs(host_paths: Sequence[str | os.PathLike]) -> bool:
+    """True when one of a sandbox's size-capped dirs (work dir, /tmp), seen from the host, has no free block left:
+    the sandbox hit its disk limit (the cause of a command's ENOSPC). Unreadable paths count as not full."""
+    for p in host_paths:
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        if st.f_blocks and st.f_bavail == 0:
+            return True
+    return False

@@ -36,6 +36,7 @@ from . import seccomp
 from .base import (
     PLAIN_TIMEOUT_S,
     ExecResult,
+    full_dirs,
     OutputCap,
     Sandbox,
     SandboxError,
@@ -445,7 +446,8 @@ class BwrapSandbox(Sandbox):
                                              cwd=self._abs(cwd) if cwd else None, env=env)
         after = oom_kills(memcg)
         return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,
-                          duration=time.monotonic() - t0, oom_killed=ooms is not None and (after or 0) > ooms)
+                          duration=time.monotonic() - t0, oom_killed=ooms is not None and (after or 0) > ooms,
+                          disk_full=full_dirs([self.state_dir / "work", self.state_dir / "tmp"]))
 
     async def _plain(self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,
                      timeout: float = PLAIN_TIMEOUT_S) -> tuple[int, bytes]:

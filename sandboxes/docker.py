@@ -44,6 +44,7 @@ from .base import (
     SandboxError,
     SandboxSpec,
     driver_tag,
+    full_dirs,
     install_exit_hooks,
     new_marker,
     register_live,
@@ -461,7 +462,10 @@ class DockerSandbox(Sandbox):
                                        cwd=self._abs(cwd) if cwd else None, env=env)
         after = oom_kills(self._memcg)
         return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,
-                          duration=time.monotonic() - t0, oom_killed=ooms is not None and (after or 0) > ooms)
+                          duration=time.monotonic() - t0, oom_killed=ooms is not None and (after or 0) > ooms,
+                          # the container's tmpfs mounts, seen through its init's root (root on the engine's host)
+                          disk_full=bool(self.init_pid) and full_dirs(
+                              [f"/proc/{self.init_pid}/root{d}" for d in (self.spec.workdir, "/tmp")]))
 
     async def _plain(self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,
                      timeout: float = PLAIN_TIMEOUT_S) -> tuple[int, bytes]:

@@ -151,3 +151,20 @@ async def test_memory_limit_hit_is_named_as_the_cause(base_spec):
         assert hog.oom_killed, hog
         after = await sb.exec("echo fine", timeout=30)
         assert after.ok and not after.oom_killed
+
+
+async def test_disk_limit_hit_is_named_as_the_cause(busybox_spec):
+    """A command that fills the sandbox's work dir (its size cap) fails with ENOSPC; the result says the disk limit
+    was hit (``disk_full``); once the episode's files are gone, commands are not blamed."""
+    from dataclasses import replace
+
+    from agentrl.sandboxes import create_sandbox
+
+    async with create_sandbox(replace(busybox_spec, workdir_size_mb=4)) as sb:
+        ok = await sb.exec("echo fine > small", timeout=30)
+        assert ok.ok and not ok.disk_full
+        fill = await sb.exec("head -c 8000000 /dev/zero > big", timeout=60)
+        assert fill.exit_code != 0, fill  # busybox says only "I/O error": the flag names the cause
+        assert fill.disk_full, fill
+        after = await sb.exec("rm -f big && echo fine", timeout=30)
+        assert after.ok and not after.disk_full
