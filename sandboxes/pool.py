@@ -230,7 +230,8 @@ class SandboxPool:
     async def _refill_one(self, key: str, spec: SandboxSpec, snapshot: Snapshot | None) -> None:
         try:
             sb = await self._new(spec, snapshot)
-        except Exception as e:  # kept for keep_warm(wait=True) and the caller's look; the next acquire retries
+        except Exception as e:  # kept (until the next keep_warm) for its wait and the caller's look; the next
+            # acquire wakes the refill again
             self.refill_error = e
             self.stats.refill_failures += 1
             sb = None
@@ -240,7 +241,6 @@ class SandboxPool:
             if self._closed:
                 await self._stop(sb)
             else:
-                self.refill_error = None
                 self._fresh[key].append(sb)
         async with self._fresh_ready:
             self._fresh_ready.notify_all()
