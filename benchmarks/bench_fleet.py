@@ -126,6 +126,9 @@ async def fleet(args, spec: SandboxSpec) -> dict:
                 s0 = time.monotonic()
                 res = await sb.exec(cmd, timeout=60)
                 steps.append(time.monotonic() - s0)
+                if res.oom_killed or res.disk_full:  # the sandbox's limit, not the step: an infrastructure failure
+                    cause = "memory limit (OOM kill)" if res.oom_killed else "disk limit (work dir or /tmp full)"
+                    raise SandboxError(f"step {k} hit the sandbox's {cause}", sandbox_id=sb.id)
                 if not res.ok:
                     raise SandboxError(f"step {k} failed: exit {res.exit_code}", sandbox_id=sb.id)
             if hasattr(sb, "memory_bytes") and (m := sb.memory_bytes()) is not None:
