@@ -32,16 +32,24 @@ Public API
   max_bytes=1 GiB)``, ``reset()``; attributes ``id``, ``run_id``, ``spec``, ``running``, ``expires_at``; docker:
   ``reaper`` ("host-cgroup" or the weaker "in-sandbox"); bwrap: ``limits`` ("cgroup-v1+tmpfs", ...),
   ``isolation`` ("seccomp+no-userns").
-- ``ExecResult(output: str, exit_code: int, timed_out: bool, truncated: bool, duration: float)``, ``.ok``.
+- ``ExecResult(output: str, exit_code: int, timed_out: bool, truncated: bool, duration: float, oom_killed: bool,
+  disk_full: bool)``, ``.ok``; ``oom_killed``: the sandbox hit its memory limit during the command (its memory
+  cgroup's OOM kills); ``disk_full``: its work dir or /tmp had no free block left when the command ended.
   ``output`` is stdout+stderr interleaved, UTF-8 decoded with replacement; over the cap, head and tail are kept
   around a ``[... N bytes of output truncated ...]`` line. A timed-out command has ``exit_code == 124``.
 - ``SandboxError(message, sandbox_id=, transient=)``: the sandbox is not running (not started, stopped, expired,
   container/process died), or an engine call failed. Never a hang: every call ends within its timeout + grace.
   ``FileTooLarge(SandboxError)``: a read or download over its ``max_bytes``; ``.path``, ``.size`` (None when
   unknown, e.g. /dev/zero), ``.max_bytes``; nothing is kept.
-- ``SandboxPool(max_alive=64, create_rate=20.0, create_burst=4, retries=3, backoff_s=0.5, max_warm=8)``:
-  ``acquire(spec, reuse=False)`` (async context manager), ``prewarm(spec, n)``, ``close()``, ``stats``,
-  ``swept()`` (the orphan sweeps it started, see Lifecycle).
+- ``SandboxPool(max_alive=64, create_rate=20.0, create_burst=4, retries=3, backoff_s=0.5, max_warm=8,
+  guard=HostGuard(overcommit=4.0))``: ``acquire(spec, reuse=False)`` (async context manager), ``prewarm(spec, n)``,
+  ``keep_warm(spec, n, wait=False)`` (a warm pool of fresh sandboxes, refilled in the background), ``close()``,
+  ``stats``, ``swept()`` (the orphan sweeps it started, see Lifecycle).
+- ``take_snapshot(sb, max_bytes=64 MiB) -> Snapshot`` (a prepared work dir, captured once);
+  ``restore_snapshot(sb, snap)``: reset, then the work dir holds exactly the snapshot again (per episode, instead of
+  a rebuild); the pool's ``keep_warm(..., snapshot=)`` and ``acquire(..., reuse=True, snapshot=)`` use it.
+- ``HostCapacityError(SandboxError)``: the host cannot hold one more sandbox (``.limit``: "memory", "pids" or
+  "fds"; ``.need``, ``.have``); raised before anything is created.
 - ``sweep(run=None, everything=False) -> SweepReport``; ``build_image("base"|"busybox")``; ``rootfs_path(image)``;
   ``run_id()`` (this process's run label, ``$AGENTRL_RUN_ID`` if set); ``docker_available()``,
   ``bwrap_available()``.
@@ -87,7 +95,9 @@ from .build import build_image, rootfs_path
 from .bwrap import BwrapSandbox, bwrap_available
 from .docker import DockerSandbox, docker_available
 from .factory import create_sandbox
+from .guards import HostCapacityError, HostGuard, HostLimits
 from .pool import SandboxPool, TokenBucket
+from .snapshot import Snapshot, restore_snapshot, take_snapshot
 from .sweep import SweepReport, sweep
 
 __all__ = [
@@ -95,12 +105,16 @@ __all__ = [
     "DockerSandbox",
     "ExecResult",
     "FileTooLarge",
+    "HostCapacityError",
+    "HostGuard",
+    "HostLimits",
     "Mount",
     "OutputCap",
     "Sandbox",
     "SandboxError",
     "SandboxPool",
     "SandboxSpec",
+    "Snapshot",
     "SweepReport",
     "TokenBucket",
     "build_image",
@@ -108,7 +122,9 @@ __all__ = [
     "cleanup_all",
     "create_sandbox",
     "docker_available",
+    "restore_snapshot",
     "rootfs_path",
     "run_id",
     "sweep",
+    "take_snapshot",
 ]

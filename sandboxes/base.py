@@ -149,6 +149,8 @@ class ExecResult:
 
     timed_out: the command ran past its timeout and its whole process tree was killed; exit_code is then 124.
     truncated: output exceeded the cap; the head and the tail are kept around a marker line.
+    oom_killed: the kernel's OOM killer killed a process of the sandbox while the command ran (the sandbox hit its
+        memory limit: the cause of an exit 137), read from the sandbox's memory cgroup; False where unreadable.
     """
 
     output: str
@@ -156,6 +158,8 @@ class ExecResult:
     timed_out: bool = False
     truncated: bool = False
     duration: float = 0.0
+    oom_killed: bool = False
+    disk_full: bool = False  # the work dir or /tmp was full when the command ended (its disk limit hit)
 
     @property
     def ok(self) -> bool:
@@ -285,6 +289,14 @@ class Sandbox(abc.ABC):
     @property
     def running(self) -> bool:
         return self.started_at is not None and not self._stopped
+
+    async def dead_reason(self) -> str | None:
+        """None when the sandbox can take commands, else why not (the pool asks before handing out an idle one)."""
+        try:
+            self._check_alive()
+        except SandboxError as e:
+            return str(e)
+        return None
 
     # commands and files -------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -419,12 +431,21 @@ class Sandbox(abc.ABC):
         """Directories whose contents a reset removes."""
         return [self.spec.workdir, "/tmp"]
 
-    async def reset(self) -> None:
+    async def reset(self, *, restore: bytes | None = None) -> None:
         """Make a used sandbox look fresh: kill its processes, empty the work dir and /tmp (and, per backend, any
-        other place a command could leave state), for warm reuse. SandboxError if anything is left."""
-        res = await self.exec(["sh", "-c", WIPE_SCRIPT, "sh", *self._wipe_dirs()], timeout=120)
-        if res.exit_code != 0:
-            raise SandboxError(f"reset failed: {res.output[-500:]}", sandbox_id=self.id)
+        other place a command could leave state), for warm reuse. SandboxError if anything is left. ``restore``: a
+        tar of the work dir (a snapshot) unpacked into it by the same command once it is empty (one exec, not
+        two: on bwrap the exec is most of a restore's cost)."""
+        if restore is None:
+            res = await self.exec(["sh", "-c", WIPE_SCRIPT, "sh", *self._wipe_dirs()], timeout=120)
+            if res.exit_code != 0:
+                raise SandboxError(f"reset failed: {res.output[-500:]}", sandbox_id=self.id)
+            return
+        dirs = " ".join(shlex.quote(d) for d in self._wipe_dirs())
+        # -p: the snapshot's modes exactly (the sandbox user's umask would narrow them); -o: owned by that user.
+        await self._checked(f"sh -c {shlex.quote(WIPE_SCRIPT)} sh {dirs} >&2 && "
+                            f"exec tar -C {shlex.quote(self.spec.workdir)} -xpof -", "reset to snapshot",
+                            stdin=restore, timeout=120)
 
     # helpers ------------------------------------------------------------------------------------------------
     def _abs(self, path: str) -> str:
@@ -462,3 +483,16 @@ def _untar(tar_path: Path, dest: Path) -> None:
             tar.extractall(dest, filter="data")
         except TypeError:  # Python without extraction filters
             tar.extractall(dest)
+
+
+def full_dirs(host_paths: Sequence[str | os.PathLike]) -> bool:
+    """True when one of a sandbox's size-capped dirs (work dir, /tmp), seen from the host, has no free block left:
+    the sandbox hit its disk limit (the cause of a command's ENOSPC). Unreadable paths count as not full."""
+    for p in host_paths:
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        if st.f_blocks and st.f_bavail == 0:
+            return True
+    return False

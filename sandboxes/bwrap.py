@@ -36,6 +36,7 @@ from . import seccomp
 from .base import (
     PLAIN_TIMEOUT_S,
     ExecResult,
+    full_dirs,
     OutputCap,
     Sandbox,
     SandboxError,
@@ -50,7 +51,7 @@ from .base import (
 )
 from .wrappers import TIMEOUT_EXIT, check_timeout, command_string, done_code, wrap_command
 from .bwrap_state import mount_tmpfs, release_state, release_state_mounts, safe_name
-from .cgroups import Cgroup, cgroup_mode
+from .cgroups import Cgroup, cgroup_mode, oom_kills
 
 # Slack after the command's end or its timeout for bwrap to exit and its pipes to close.
 EXEC_GRACE_S = 10.0
@@ -439,10 +440,14 @@ class BwrapSandbox(Sandbox):
         check_timeout(timeout)
         t0 = time.monotonic()
         out = OutputCap(output_limit or self.spec.output_limit)
+        memcg = self.cgroup.dirs[0] if self.cgroup is not None else None  # v1: memory is the first controller
+        ooms = oom_kills(memcg)
         code, _, timed_out = await self._run(command_string(cmd), plain=False, timeout=timeout, sink=out.feed,
                                              cwd=self._abs(cwd) if cwd else None, env=env)
+        after = oom_kills(memcg)
         return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,
-                          duration=time.monotonic() - t0)
+                          duration=time.monotonic() - t0, oom_killed=ooms is not None and (after or 0) > ooms,
+                          disk_full=full_dirs([self.state_dir / "work", self.state_dir / "tmp"]))
 
     async def _plain(self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,
                      timeout: float = PLAIN_TIMEOUT_S) -> tuple[int, bytes]:
@@ -453,13 +458,13 @@ class BwrapSandbox(Sandbox):
             raise SandboxError(f"{cmd[:80]!r} did not finish within {timeout:.0f}s", sandbox_id=self.id)
         return code, err
 
-    async def reset(self) -> None:
+    async def reset(self, *, restore: bytes | None = None) -> None:
         """No process outlives an exec here, and /dev, /dev/shm and IPC are new per exec, so a reset is: kill the
         cgroup's leftovers, empty work dir and /tmp."""
         self._check_alive()
         if self.cgroup is not None:
             await to_thread(self.cgroup.kill_all)
-        await super().reset()
+        await super().reset(restore=restore)
 
     def memory_bytes(self) -> int | None:
         """Memory charged to the sandbox's cgroup (page cache and tmpfs included), or None without a cgroup."""

@@ -298,3 +298,38 @@ class ContainerGroups:
                     os.kill(p, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def memory_cgroup_of(pid: int) -> Path | None:
+    """The memory cgroup directory of host process ``pid`` (v1 memory controller, else the v2 group), or None."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            d = CGROUP_ROOT / "memory" / path.lstrip("/")
+            return d if d.is_dir() else None
+    for line in lines:
+        if line.startswith("0::"):
+            d = CGROUP_ROOT / line[3:].lstrip("/")
+            return d if (d / "memory.events").exists() else None
+    return None
+
+
+def oom_kills(memory_dir: Path | None) -> int | None:
+    """Processes the kernel's OOM killer has killed in a memory cgroup so far (v1 ``memory.oom_control``, v2
+    ``memory.events``), None when unreadable: an exec compares it before and after to name an OOM kill its cause."""
+    if memory_dir is None:
+        return None
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            text = (memory_dir / name).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None

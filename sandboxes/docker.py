@@ -44,13 +44,14 @@ from .base import (
     SandboxError,
     SandboxSpec,
     driver_tag,
+    full_dirs,
     install_exit_hooks,
     new_marker,
     register_live,
     to_thread,
     unregister_live,
 )
-from .cgroups import ContainerGroups
+from .cgroups import ContainerGroups, memory_cgroup_of, oom_kills
 from .docker_engine import _is_transient, _Stream, docker_available, docker_client  # noqa: F401 (re-exported)
 from .wrappers import STATUS_TIMEOUT, TIMEOUT_EXIT, check_timeout, done_code, watchdog_command, wrap_command
 
@@ -60,6 +61,7 @@ log = logging.getLogger("agentrl.sandboxes")
 EXEC_GRACE_S = 15.0
 # How long a new exec may take to show up in the container (runc exec on a loaded engine).
 EXEC_START_S = 60.0
+REMOVE_WAIT_S = 30.0  # a removal the engine already started (auto_remove of a killed container)
 _IMAGES_SEEN: set[str] = set()
 _WARNED_FALLBACK = False
 
@@ -82,6 +84,7 @@ class DockerSandbox(Sandbox):
         uid, gid = spec.uid_gid()
         self.exec_user = f"{uid}:{gid}"
         self.init_pid = 0
+        self._memcg: Path | None = None  # the container's memory cgroup on this host (for ExecResult.oom_killed)
         self.groups: ContainerGroups | None = None
         self.reaper = "in-sandbox"
 
@@ -215,14 +218,26 @@ class DockerSandbox(Sandbox):
             return
         import docker
 
+        api = docker_client().api
         try:
-            docker_client().api.remove_container(self.container_id, force=True)
+            api.remove_container(self.container_id, force=True)
+            return
         except docker.errors.NotFound:
-            pass
+            return
         except docker.errors.APIError as e:
-            # auto_remove may already be removing it ("removal ... already in progress").
+            # auto_remove may already be removing it ("removal ... already in progress"): a container killed from
+            # outside. Wait for that removal, so that a stopped sandbox is gone when stop returns.
             if getattr(e.response, "status_code", 0) != 409:
                 raise SandboxError(f"remove failed: {e}", sandbox_id=self.id) from e
+        deadline = time.monotonic() + REMOVE_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                api.inspect_container(self.container_id)
+            except docker.errors.NotFound:
+                return
+            time.sleep(0.05)
+        raise SandboxError(f"container still present {REMOVE_WAIT_S:.0f}s after its removal began (the sweep "
+                           "removes it)", sandbox_id=self.id)
 
     # the raw exec primitive -------------------------------------------------------------------------------------
     def _dead_reason(self) -> str | None:
@@ -238,6 +253,10 @@ class DockerSandbox(Sandbox):
         if state.get("Running"):
             return None
         return f"its container is not running (status {state.get('Status')}, exit code {state.get('ExitCode')})"
+
+    async def dead_reason(self) -> str | None:
+        """Also asks the engine: a container killed or lost (daemon restart) while idle shows only there."""
+        return await super().dead_reason() or await to_thread(self._dead_reason)
 
     def _dead_soon(self) -> str | None:
         """Like _dead_reason, giving the engine a moment to show a container killed under us as not running."""
@@ -436,10 +455,17 @@ class DockerSandbox(Sandbox):
     def _exec_sync(self, cmd, timeout, cwd, env, limit) -> ExecResult:
         t0 = time.monotonic()
         out = OutputCap(limit)
+        if self._memcg is None and self.init_pid:
+            self._memcg = memory_cgroup_of(self.init_pid)
+        ooms = oom_kills(self._memcg)
         code, _, timed_out = self._run(cmd, plain=False, timeout=timeout, sink=out.feed,
                                        cwd=self._abs(cwd) if cwd else None, env=env)
+        after = oom_kills(self._memcg)
         return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,
-                          duration=time.monotonic() - t0)
+                          duration=time.monotonic() - t0, oom_killed=ooms is not None and (after or 0) > ooms,
+                          # the container's tmpfs mounts, seen through its init's root (root on the engine's host)
+                          disk_full=bool(self.init_pid) and full_dirs(
+                              [f"/proc/{self.init_pid}/root{d}" for d in (self.spec.workdir, "/tmp")]))
 
     async def _plain(self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,
                      timeout: float = PLAIN_TIMEOUT_S) -> tuple[int, bytes]:
@@ -453,12 +479,12 @@ class DockerSandbox(Sandbox):
     def _wipe_dirs(self) -> list[str]:
         return [self.spec.workdir, "/tmp", "/dev/shm", "/dev/mqueue"]
 
-    async def reset(self) -> None:
+    async def reset(self, *, restore: bytes | None = None) -> None:
         """Kill every process of the previous episode (all but the container's init and TTL process), remove its
         SysV IPC objects, then empty the work dir, /tmp, /dev/shm and /dev/mqueue (POSIX shm and queues)."""
         self._check_alive()
         await to_thread(self._reset_processes_and_ipc)
-        await super().reset()
+        await super().reset(restore=restore)
 
     def _reset_processes_and_ipc(self) -> None:
         if self.groups is not None:

@@ -1,5 +1,10 @@
-"""SandboxPool: bounded concurrency, rate-limited creation with retries, optional warm reuse, and a sweep of the
-orphans (dead drivers' and expired sandboxes) of each backend the first time the pool is asked for it."""
+"""SandboxPool: bounded concurrency, rate-limited creation with retries, host resource guards, a warm pool of fresh
+sandboxes refilled in the background, optional warm reuse (reset), and a sweep of the orphans (dead drivers' and
+expired sandboxes) of each backend the first time the pool is asked for it.
+
+Invariants: every creation passes the token bucket (callers and the refill wait for a token, nothing times out on
+it) and the host guard (refused with HostCapacityError before anything is made); a sandbox handed out once is never
+handed out again unless it was reset (``reuse=True``); every sandbox made is stopped on release or by ``close()``."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 from .base import Sandbox, SandboxError, SandboxSpec
+from .guards import HostGuard
+from .snapshot import Snapshot, restore_snapshot
 from .sweep import SweepReport, auto_sweep, merge
 
 
@@ -46,12 +53,20 @@ class PoolStats:
     create_failures: int = 0
     retries: int = 0
     reused: int = 0
+    warm_hits: int = 0  # acquires served by a fresh sandbox of the warm pool
+    refill_failures: int = 0
+    dead_idle: int = 0  # idle sandboxes found dead when about to be handed out (stopped instead)
     stopped: int = 0
     in_use: int = 0
     peak_in_use: int = 0
 
 
 Factory = Callable[[SandboxSpec], Awaitable[Sandbox]]
+
+
+def _key(spec: SandboxSpec, snapshot: Snapshot | None) -> str:
+    """Idle sandboxes are interchangeable when their spec and the state in their work dir are."""
+    return spec.key() + "|" + (snapshot.key if snapshot is not None else "")
 
 
 class SandboxPool:
@@ -65,6 +80,9 @@ class SandboxPool:
         reset it (kill its processes, empty work dir and /tmp) and keep it warm instead of destroying it.
     Invariant: every sandbox this pool created is stopped by ``close()`` or on release, including when the holder's
     task is cancelled.
+    keep_warm(spec, n): keep ``n`` fresh (never used) sandboxes of ``spec`` ready; ``acquire(spec)`` takes one
+        and a background task makes its replacement, through the same token bucket.
+    guard: HostGuard charging every live sandbox against the host's memory, PIDs and file descriptors.
     Start: the first acquire/prewarm of each backend sweeps that backend's orphans in the background (``swept()``
     awaits those sweeps and returns what they removed).
     """
@@ -80,6 +98,7 @@ class SandboxPool:
         max_warm: int = 8,
         run: str | None = None,
         factory: Factory | None = None,
+        guard: HostGuard | None = None,
     ):
         if max_alive < 1:
             raise ValueError(f"SandboxPool.max_alive must be >= 1, got {max_alive}")
@@ -94,6 +113,14 @@ class SandboxPool:
         self._factory = factory
         self._closed = False
         self._sweeps: dict[str, asyncio.Future] = {}
+        self.guard = guard if guard is not None else HostGuard()
+        self._fresh: dict[str, list[Sandbox]] = defaultdict(list)
+        self._targets: dict[str, tuple[SandboxSpec, Snapshot | None, int]] = {}
+        self._making: dict[str, int] = defaultdict(int)
+        self._refill_wake = asyncio.Event()
+        self._refill_task: asyncio.Task | None = None
+        self._fresh_ready = asyncio.Condition()
+        self.refill_error: BaseException | None = None  # the last error of the background refill
         self.stats = PoolStats()
 
     def _sweep_once(self, backend: str) -> None:
@@ -107,12 +134,27 @@ class SandboxPool:
         done = await asyncio.gather(*self._sweeps.values(), return_exceptions=True)
         return merge([r for r in done if isinstance(r, SweepReport)])
 
-    async def _new(self, spec: SandboxSpec) -> Sandbox:
+    async def _new(self, spec: SandboxSpec, snapshot: Snapshot | None = None) -> Sandbox:
+        """Create (bucket, guard, retries) and, with ``snapshot``, restore it; a sandbox that fails its restore is
+        stopped and the error raised."""
+        sb = await self._create(spec)
+        if snapshot is not None:
+            try:
+                await restore_snapshot(sb, snapshot)
+            except BaseException:
+                await asyncio.shield(self._stop(sb))
+                raise
+        return sb
+
+    async def _create(self, spec: SandboxSpec) -> Sandbox:
         from .factory import create_sandbox
 
         attempt = 0
         while True:
             await self._bucket.acquire()
+            if self._closed:
+                raise SandboxError("pool is closed")
+            self.guard.admit(spec)  # HostCapacityError: nothing was made
             try:
                 if self._factory is not None:
                     sb = await self._factory(spec)
@@ -120,7 +162,10 @@ class SandboxPool:
                     sb = await create_sandbox(spec, run=self.run).start()
                 self.stats.created += 1
                 return sb
-            except SandboxError as e:
+            except BaseException as e:
+                self.guard.release(spec)
+                if not isinstance(e, SandboxError):
+                    raise
                 self.stats.create_failures += 1
                 if not e.transient or attempt >= self.retries:
                     raise
@@ -132,27 +177,120 @@ class SandboxPool:
     async def prewarm(self, spec: SandboxSpec, n: int) -> None:
         """Create ``n`` sandboxes of ``spec`` and keep them idle for ``acquire(spec, reuse=True)``."""
         self._sweep_once(spec.backend)
-        made = await asyncio.gather(*(self._new(spec) for _ in range(n)))
-        self._warm[spec.key()].extend(made)
+        self.guard.check(spec, n)
+        made = await asyncio.gather(*(self._new(spec) for _ in range(n)), return_exceptions=True)
+        good = [sb for sb in made if not isinstance(sb, BaseException)]
+        self._warm[_key(spec, None)].extend(good)
+        for err in made:
+            if isinstance(err, BaseException):
+                raise err
+
+    async def keep_warm(self, spec: SandboxSpec, n: int, *, wait: bool = False,
+                        snapshot: Snapshot | None = None) -> None:
+        """Keep ``n`` fresh sandboxes of ``spec`` made ahead of the acquires that take them (0 stops refilling;
+        those already made stay until taken or ``close()``). ``wait``: return once ``n`` are ready. ``snapshot``: each
+        is restored to it before it counts as ready (``acquire(spec, snapshot=...)`` takes those). Raises
+        HostCapacityError at once when the host cannot hold them on top of what the pool holds."""
+        if n < 0:
+            raise ValueError(f"keep_warm n must be >= 0, got {n}")
+        if self._closed:
+            raise SandboxError("pool is closed")
+        self._sweep_once(spec.backend)
+        key = _key(spec, snapshot)
+        missing = n - len(self._fresh[key]) - self._making[key]
+        if missing > 0:
+            self.guard.check(spec, missing)
+        self._targets[key] = (spec, snapshot, n)
+        self.refill_error = None  # a new target: wait for what this refill meets, not an earlier one
+        if self._refill_task is None:
+            self._refill_task = asyncio.create_task(self._refill_loop())
+        self._refill_wake.set()
+        if wait:
+            async with self._fresh_ready:
+                await self._fresh_ready.wait_for(
+                    lambda: len(self._fresh[key]) >= n or self.refill_error is not None or self._closed)
+            if self.refill_error is not None and len(self._fresh[key]) < n:
+                raise self.refill_error
+
+    async def _refill_loop(self) -> None:
+        """Make what the targets miss, concurrently, each creation through the bucket (which paces them)."""
+        while not self._closed:
+            await self._refill_wake.wait()
+            self._refill_wake.clear()
+            if self._closed:
+                return
+            jobs = []
+            for key, (spec, snapshot, n) in list(self._targets.items()):
+                for _ in range(n - len(self._fresh[key]) - self._making[key]):
+                    self._making[key] += 1
+                    jobs.append(self._refill_one(key, spec, snapshot))
+            if jobs:
+                await asyncio.gather(*jobs)
+
+    async def _refill_one(self, key: str, spec: SandboxSpec, snapshot: Snapshot | None) -> None:
+        try:
+            sb = await self._new(spec, snapshot)
+        except Exception as e:  # kept (until the next keep_warm) for its wait and the caller's look; the next
+            # acquire wakes the refill again
+            self.refill_error = e
+            self.stats.refill_failures += 1
+            sb = None
+        finally:
+            self._making[key] -= 1
+        if sb is not None:
+            if self._closed:
+                await self._stop(sb)
+            else:
+                self._fresh[key].append(sb)
+        async with self._fresh_ready:
+            self._fresh_ready.notify_all()
+
+    async def _take_idle(self, idle: list[Sandbox] | None) -> Sandbox | None:
+        """The first idle sandbox that is alive with a minute of TTL left; the dead and expiring ones are stopped
+        (killed from outside, lost with the engine, or swept while idle: never handed out)."""
+        while idle:
+            sb = idle.pop(0)
+            if sb.running and (sb.expires_at is None or sb.expires_at > time.time() + 60):
+                if await sb.dead_reason() is None:
+                    return sb
+                self.stats.dead_idle += 1
+            await asyncio.shield(self._stop_quietly(sb))
+        return None
+
+    async def _stop_quietly(self, sb: Sandbox) -> None:
+        try:
+            await self._stop(sb)
+        except SandboxError:
+            pass  # a dead sandbox that will not go: the sweep removes it
+
+    async def _take_fresh(self, key: str) -> Sandbox | None:
+        if key in self._targets:
+            self._refill_wake.set()  # replace what is taken
+        sb = await self._take_idle(self._fresh.get(key))
+        if sb is not None:
+            self.stats.warm_hits += 1
+        return sb
 
     @contextlib.asynccontextmanager
-    async def acquire(self, spec: SandboxSpec, *, reuse: bool = False) -> AsyncIterator[Sandbox]:
+    async def acquire(self, spec: SandboxSpec, *, reuse: bool = False,
+                      snapshot: Snapshot | None = None) -> AsyncIterator[Sandbox]:
+        """A sandbox of ``spec`` for one episode: a reset one (``reuse``), else a fresh one of the warm pool, else a
+        new one. ``snapshot``: its work dir holds that state when handed out, and on release (``reuse``) it is
+        restored to it rather than emptied."""
         if self._closed:
             raise SandboxError("pool is closed")
         self._sweep_once(spec.backend)
         async with self._sem:
             sb = None
-            if reuse:
-                idle = self._warm.get(spec.key())
-                while idle and sb is None:
-                    cand = idle.pop()
-                    if cand.running and (cand.expires_at or 0) > time.time() + 60:
-                        sb = cand
-                        self.stats.reused += 1
-                    else:
-                        await self._stop(cand)
+            key = _key(spec, snapshot)
+            if reuse:  # reset ones first: the fresh ones are all that plain acquires can take
+                sb = await self._take_idle(self._warm.get(key))
+                if sb is not None:
+                    self.stats.reused += 1
             if sb is None:
-                sb = await self._new(spec)
+                sb = await self._take_fresh(key)
+            if sb is None:
+                sb = await self._new(spec, snapshot)
             self.stats.in_use += 1
             self.stats.peak_in_use = max(self.stats.peak_in_use, self.stats.in_use)
             keep = False
@@ -162,13 +300,16 @@ class SandboxPool:
             finally:
                 self.stats.in_use -= 1
                 # Shielded: a cancelled holder must still release its sandbox.
-                await asyncio.shield(self._release(spec, sb, keep))
+                await asyncio.shield(self._release(key, snapshot, sb, keep))
 
-    async def _release(self, spec: SandboxSpec, sb: Sandbox, keep: bool) -> None:
-        if keep and not self._closed and sb.running and len(self._warm[spec.key()]) < self.max_warm:
+    async def _release(self, key: str, snapshot: Snapshot | None, sb: Sandbox, keep: bool) -> None:
+        if keep and not self._closed and sb.running and len(self._warm[key]) < self.max_warm:
             try:
-                await sb.reset()
-                self._warm[spec.key()].append(sb)
+                if snapshot is not None:
+                    await restore_snapshot(sb, snapshot)
+                else:
+                    await sb.reset()
+                self._warm[key].append(sb)
                 return
             except SandboxError:
                 pass
@@ -179,16 +320,31 @@ class SandboxPool:
             await sb.stop()
         finally:
             self.stats.stopped += 1
+            self.guard.release(sb.spec)
 
     @property
     def warm_count(self) -> int:
+        """Reset sandboxes idle for ``acquire(reuse=True)``."""
         return sum(len(v) for v in self._warm.values())
+
+    @property
+    def fresh_count(self) -> int:
+        """Fresh sandboxes of the warm pool, ready for any acquire."""
+        return sum(len(v) for v in self._fresh.values())
 
     async def close(self) -> None:
         """Stop every idle warm sandbox; later acquires fail. Sandboxes still held are stopped on release."""
         self._closed = True
-        idle = [sb for v in self._warm.values() for sb in v]
+        if self._refill_task is not None:
+            # Not cancelled: a creation cut off half-way could leave its sandbox; each one finishing now sees the
+            # pool closed and stops what it made.
+            self._refill_wake.set()
+            await asyncio.gather(self._refill_task, return_exceptions=True)
+        async with self._fresh_ready:
+            self._fresh_ready.notify_all()
+        idle = [sb for v in (*self._warm.values(), *self._fresh.values()) for sb in v]
         self._warm.clear()
+        self._fresh.clear()
         await asyncio.gather(*(self._stop(sb) for sb in idle), return_exceptions=True)
 
     async def __aenter__(self) -> "SandboxPool":
