@@ -225,6 +225,14 @@ class TrainerConfig:
     micro_batch_size: int = 8
     micro_batch_tokens: int | None = None
     packing: bool = False
+    prefix_tree: bool = False
+    """Lay each micro-batch out as a prefix tree (:mod:`agentrl.trainer.prefix_tree`): a token prefix that several
+    of its sequences share (a group's prompt, the history every split-mode segment repeats, a forked session) is
+    computed once, with a tree attention mask and depth position ids; log-probs and gradients equal the flat
+    layout's. Overrides ``packing``; ``micro_batch_tokens`` still counts the flat tokens. Needs the model's
+    attention implementation to be ``sdpa`` or ``eager`` (a dense 4-D mask: ``U * U`` bytes for ``U`` distinct
+    prefixes per micro-batch). Metrics: ``batch/tree_tokens`` (tokens the training forwards computed),
+    ``batch/flat_tokens`` (tokens the flat layout computes for the same passes), ``batch/tree_ratio``."""
     num_mini_batches: int = 1
     ppo_epochs: int = 1
     max_grad_norm: float | None = 1.0

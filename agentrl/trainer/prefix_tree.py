@@ -1,0 +1,92 @@
+"""The prefix-tree (shared-prefix) layout of a micro-batch: every token prefix that several sequences share is
+computed once.
+
+Flow. :func:`build_tree` inserts the input tokens of each sequence (``ids[:-1]``: the last token predicts nothing,
+so its hidden state is never read) into a trie over token ids. A trie node is one distinct prefix; its token is the
+prefix's last token and its depth (0-based) the prefix's length minus one. The micro-batch then holds one row of
+the ``U`` nodes (``input_ids [1, U]``), ``position_ids`` = each node's depth (so positions restart on each branch
+exactly as in the sequence's own row), and a ``[1, 1, U, U]`` boolean attention mask that lets node ``i`` attend
+to node ``j`` iff ``j`` is ``i`` or one of its ancestors. A node's hidden state therefore depends on exactly the
+tokens and positions of its own prefix, as in the flat layout, and the log-prob of sequence ``k``'s target ``t`` is
+read at the node of its prefix ``ids[: t + 1]`` (``src``). Shared nodes receive the sum of the gradients of every
+sequence that reads them, which is the flat layout's gradient, so log-probs, entropy, loss and gradients agree up
+to float rounding.
+
+Prefixes are found wherever they occur: the prompt of a group's samples, the history that every later segment of a
+split-mode trajectory repeats, a gateway session that forked, identical prompts across groups. Only sequences of
+one micro-batch share nodes.
+
+Invariants: nodes are numbered in creation order, so a parent precedes its children (the mask is lower-triangular);
+every sequence's path is a chain of parent links from a root; the mask costs ``U * U`` bytes, the attention
+itself runs through transformers' own 4-D custom-mask support (SDPA with a boolean mask, or eager attention with an
+additive one), which is exact on the CPU. A GPU path (``flex_attention`` with a block mask) is not built yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Tree:
+    """The trie of a micro-batch's sequences (see module docstring)."""
+
+    tokens: Tensor  # [U] long: each node's token
+    depth: Tensor  # [U] long: each node's position id
+    paths: list[Tensor]  # per sequence, [n_i - 1] long: the node of each input prefix ids[: t + 1]
+    mask: Tensor  # [U, U] bool: mask[i, j] iff j is i or an ancestor of i
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.numel())
+
+
+def build_tree(seqs: list[Tensor]) -> Tree:
+    """The trie of the input prefixes of ``seqs`` (1-D token-id tensors of length >= 2)."""
+    child: dict[tuple[int, int], int] = {}
+    tokens: list[int] = []
+    depth: list[int] = []
+    paths: list[Tensor] = []
+    firsts: list[int] = []  # per sequence: index in its path of the first node it created (len(path) if none)
+    for ids in seqs:
+        node, path, first = -1, [], -1
+        for d, tok in enumerate(ids[:-1].tolist()):
+            nxt = child.get((node, tok))
+            if nxt is None:
+                nxt = child[(node, tok)] = len(tokens)
+                tokens.append(tok)
+                depth.append(d)
+                if first < 0:
+                    first = d
+            node = nxt
+            path.append(node)
+        paths.append(torch.tensor(path, dtype=torch.long))
+        firsts.append(len(path) if first < 0 else first)
+    u = len(tokens)
+    mask = torch.zeros(u, u, dtype=torch.bool)
+    for path, first in zip(paths, firsts):
+        # Once a sequence leaves the existing trie every later node of its path is new, and new nodes are exactly
+        # the rows this sequence must fill: row path[k] sees path[: k + 1].
+        if first < len(path):
+            n = len(path)
+            tril = torch.ones(n, n, dtype=torch.bool).tril_()[first:]
+            mask[path[first:, None], path[None, :]] = tril
+    return Tree(tokens=torch.tensor(tokens, dtype=torch.long), depth=torch.tensor(depth, dtype=torch.long),
+                paths=paths, mask=mask)
+
+
+def attention_mask_for(model: torch.nn.Module, mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """The ``[1, 1, U, U]`` tree mask in the form the model's attention implementation takes as a custom 4-D mask:
+    boolean (``True`` = attend) for SDPA, additive (0 / dtype minimum) for eager attention. Raises ``ValueError``
+    for an implementation that takes no dense 4-D mask (flash attention, flex attention)."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+    if impl == "sdpa":
+        return mask
+    if impl == "eager":
+        out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+        return out.masked_fill_(~mask, torch.finfo(dtype).min)
+    raise ValueError(f"prefix_tree: the model's attention implementation {impl!r} takes no dense 4-D attention "
+                     "mask; load it with attn_implementation sdpa or eager, or set prefix_tree: false")
