@@ -13,7 +13,7 @@ import torch
 from agentrl.trainer.batching import collate, prepare_sequences
 from agentrl.trainer.config import LossConfig, OptimizerConfig, TrainerConfig
 from agentrl.trainer.model import load_causal_lm, micro_batch_logprobs
-from agentrl.trainer.prefix_tree import build_tree
+from agentrl.trainer.prefix_tree import attention_mask_for, build_tree
 from agentrl.trainer.trainer import Trainer
 from agentrl.trajectory import Group, Trajectory
 
@@ -95,12 +95,15 @@ def test_split_case_really_repeats_history() -> None:
             assert t.token_ids[a1:a1 + (b0 - a0)] == t.token_ids[a0:b0]
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_tree_logprobs_and_gradients_equal_flat(tiny_model_dir: Path, case: str) -> None:
+def test_tree_logprobs_and_gradients_equal_flat(tiny_model_dir: Path, case: str, attn: str) -> None:
     groups = CASES[case](random.Random(1))
     trajs = [t for g in groups for t in g.trajectories]
     seqs, _ = prepare_sequences(trajs, [1.0] * len(trajs), vocab_size=64, max_seq_len=None)
     model = load_causal_lm(tiny_model_dir, dtype=torch.float32, device=torch.device("cpu"), disable_dropout=True)
+    model.set_attn_implementation(attn)
+    assert model.config._attn_implementation == attn
     out = {}
     for layout in ("padded", "packed", "tree"):
         mb = collate(seqs, torch.device("cpu"), packing=layout == "packed", tree=layout == "tree")
@@ -119,6 +122,13 @@ def test_tree_logprobs_and_gradients_equal_flat(tiny_model_dir: Path, case: str)
             torch.testing.assert_close(out["tree", impl][i], out["packed", impl][i], atol=TOL, rtol=TOL)
     for k, g in out["padded"].items():
         torch.testing.assert_close(out["tree"][k], g, atol=TOL, rtol=TOL)
+
+
+def test_an_attention_without_dense_masks_is_refused_by_name(tiny_model_dir: Path) -> None:
+    model = load_causal_lm(tiny_model_dir, dtype=torch.float32, device=torch.device("cpu"), disable_dropout=True)
+    model.config._attn_implementation = "flash_attention_2"  # not installable here; only the name is read
+    with pytest.raises(ValueError, match="prefix_tree"):
+        attention_mask_for(model, torch.ones(1, 1, 2, 2, dtype=torch.bool), torch.float32)
 
 
 def _cfg(tree: bool, **kw) -> TrainerConfig:
