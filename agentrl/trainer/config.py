@@ -229,7 +229,8 @@ class TrainerConfig:
     """Lay each micro-batch out as a prefix tree (:mod:`agentrl.trainer.prefix_tree`): a token prefix that several
     of its sequences share (a group's prompt, the history every split-mode segment repeats, a forked session) is
     computed once, with a tree attention mask and depth position ids; log-probs and gradients equal the flat
-    layout's. Overrides ``packing``; ``micro_batch_tokens`` still counts the flat tokens. Needs the model's
+    layout's. Overrides ``packing``; micro-batches then hold trajectories in the order of their token ids (those that
+    share a prefix side by side) and ``micro_batch_tokens`` counts the distinct prefixes they compute. Needs the model's
     attention implementation to be ``sdpa`` or ``eager`` (a dense 4-D mask: ``U * U`` bytes for ``U`` distinct
     prefixes per micro-batch). Metrics: ``batch/tree_tokens`` (tokens the training forwards computed),
     ``batch/flat_tokens`` (tokens the flat layout computes for the same passes), ``batch/tree_ratio``."""

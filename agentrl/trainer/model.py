@@ -23,11 +23,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from agentrl.trainer.batching import MicroBatch, Seq, collate, pad_rows, scoring_sequences, split_micro
+from agentrl.trainer.batching import MicroBatch, Seq, collate, pad_rows, scoring_sequences, split_micro, units
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.logprobs import chunked_entropy, full_logprobs, liger_available, liger_logprobs
 from agentrl.trainer.logprobs import liger_runnable, torch_logprobs
-from agentrl.trainer.prefix_tree import attention_mask_for
+from agentrl.trainer.prefix_tree import attention_mask_for, tree_micro_batches
 from agentrl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -238,9 +238,10 @@ class ModelRunner:
         """Micro-batches of ``seqs``; for the sharded policy padded with empty ones up to the largest count of any
         rank."""
         cfg = self.config
-        # tree layout: the sum of lengths bounds its tokens (a budget by distinct prefixes is not built yet)
-        groups = split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens,
-                             packing=cfg.packing or cfg.prefix_tree)
+        if cfg.prefix_tree:
+            groups = tree_micro_batches(units(seqs), cfg.micro_batch_size, cfg.micro_batch_tokens)
+        else:
+            groups = split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens, packing=cfg.packing)
         if self.fsdp and (model is None or model is self.policy):
             from agentrl.trainer.dp_rank import agree_count
 

@@ -14,7 +14,8 @@ to float rounding.
 
 Prefixes are found wherever they occur: the prompt of a group's samples, the history that every later segment of a
 split-mode trajectory repeats, a gateway session that forked, identical prompts across groups. Only sequences of
-one micro-batch share nodes.
+one micro-batch share nodes, so :func:`tree_micro_batches` orders trajectories by their token ids (sharers become
+neighbours) and budgets a micro-batch by its distinct prefixes, the tokens it computes.
 
 Invariants: nodes are numbered in creation order, so a parent precedes its children (the mask is lower-triangular);
 every sequence's path is a chain of parent links from a root; the mask costs ``U * U`` bytes, the attention
@@ -25,9 +26,13 @@ additive one), which is exact on the CPU. A GPU path (``flex_attention`` with a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:  # batching imports this module
+    from agentrl.trainer.batching import Seq
 
 
 @dataclass
@@ -90,3 +95,54 @@ def attention_mask_for(model: torch.nn.Module, mask: Tensor, dtype: torch.dtype)
         return out.masked_fill_(~mask, torch.finfo(dtype).min)
     raise ValueError(f"prefix_tree: the model's attention implementation {impl!r} takes no dense 4-D attention "
                      "mask; load it with attn_implementation sdpa or eager, or set prefix_tree: false")
+
+
+class _PrefixCount:
+    """Distinct input prefixes of the sequences added so far (a trie without tensors), with a tentative add."""
+
+    def __init__(self) -> None:
+        self.child: dict[tuple[int, int], int] = {}
+
+    def add(self, seqs: list[Tensor]) -> list[tuple[int, int]]:
+        """Inserts the input prefixes of ``seqs``; returns the trie edges this created (for :meth:`undo`)."""
+        made = []
+        for ids in seqs:
+            node = -1
+            for tok in ids[:-1].tolist():
+                nxt = self.child.get((node, tok))
+                if nxt is None:
+                    nxt = self.child[(node, tok)] = len(self.child)
+                    made.append((node, tok))
+                node = nxt
+        return made
+
+    def undo(self, made: list[tuple[int, int]]) -> None:
+        for key in made:
+            del self.child[key]
+
+    def __len__(self) -> int:
+        return len(self.child)
+
+
+def tree_micro_batches(units: list[list[Seq]], max_seqs: int, max_tokens: int | None) -> list[list[Seq]]:
+    """Micro-batches for the tree layout: trajectories (``units``, each the list of its segments, which stay
+    together) in the lexicographic order of their token ids, so those that share a prefix are neighbours and land in
+    one micro-batch, then filled greedily up to ``max_seqs`` sequences and ``max_tokens`` *distinct* input prefixes
+    (the tokens the tree layout computes). A single unit past the limits stays alone; every sequence lands in
+    exactly one micro-batch."""
+    order = sorted(range(len(units)), key=lambda i: units[i][0].ids.tolist())
+    out: list[list[Seq]] = []
+    cur: list[Seq] = []
+    count = _PrefixCount()
+    for i in order:
+        u = units[i]
+        made = count.add([s.ids for s in u])
+        if cur and (len(cur) + len(u) > max_seqs or (max_tokens is not None and len(count) > max_tokens)):
+            count.undo(made)
+            out.append(cur)
+            cur, count = [], _PrefixCount()
+            count.add([s.ids for s in u])
+        cur.extend(u)
+    if cur:
+        out.append(cur)
+    return out

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.trainer.batching import collate, prepare_sequences
+from agentrl.trainer.batching import Seq, collate, prepare_sequences, split_micro, units
 from agentrl.trainer.config import LossConfig, OptimizerConfig, TrainerConfig
 from agentrl.trainer.model import load_causal_lm, micro_batch_logprobs
-from agentrl.trainer.prefix_tree import attention_mask_for, build_tree
+from agentrl.trainer.prefix_tree import attention_mask_for, build_tree, tree_micro_batches
 from agentrl.trainer.trainer import Trainer
 from agentrl.trajectory import Group, Trajectory
 
@@ -84,6 +84,32 @@ def test_build_tree_shares_prefixes_and_masks_ancestors() -> None:
     assert [p.tolist() for p in t.paths] == [[0, 1, 2], [0, 1, 3, 4], [0, 1]]
     want = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]])
     assert torch.equal(t.mask, want.bool())
+
+
+def _seqs(rows: list[list[int]], unit: list[int] | None = None) -> list[Seq]:
+    return [Seq(ids=torch.tensor(r), mask=torch.ones(len(r) - 1), behav=torch.zeros(len(r) - 1),
+                versions=torch.zeros(len(r) - 1, dtype=torch.long), adv=0.0, reward=0.0,
+                unit=None if unit is None else unit[i]) for i, r in enumerate(rows)]
+
+
+def test_tree_micro_batches_put_sharers_together_under_a_distinct_token_budget() -> None:
+    p, q = [1] * 10, [2] * 10
+    # lengths interleave the two prompts, so the length-sorted split mixes them
+    rows = [p + [3] * 9, q + [4] * 8, p + [5] * 7, q + [6] * 6, p + [7] * 5, q + [8] * 4]
+    seqs = _seqs(rows)
+    mixed = split_micro(seqs, 3, None)
+    assert any(len({int(s.ids[0]) for s in mb}) > 1 for mb in mixed)
+    mbs = tree_micro_batches(units(seqs), 3, None)
+    assert sorted(sorted(int(s.ids[0]) for s in mb) for mb in mbs) == [[1, 1, 1], [2, 2, 2]]
+    distinct = build_tree([s.ids for s in seqs[0::2]]).num_nodes  # the p group: 10 + 8 + 6 + 4 = 28
+    assert distinct == 28 < sum(len(r) - 1 for r in rows[0::2])
+    assert [len(mb) for mb in tree_micro_batches(units(seqs[0::2]), 8, distinct)] == [3]
+    assert [len(mb) for mb in tree_micro_batches(units(seqs[0::2]), 8, distinct - 1)] == [2, 1]
+    # a trajectory's segments stay together, every sequence exactly once
+    segs = _seqs(rows, unit=[0, 0, 1, 1, 2, 2])
+    mbs = tree_micro_batches(units(segs), 3, 5)  # each trajectory alone is past the budget: alone, never cut
+    assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in segs)
+    assert sorted(sorted(s.unit for s in mb) for mb in mbs) == [[0, 0], [1, 1], [2, 2]]
 
 
 def test_split_case_really_repeats_history() -> None:
