@@ -215,6 +215,8 @@ class ModelRunner:
         self.impl, self.compute_dtype = impl, compute_dtype
         self.vocab_size = int(policy.get_input_embeddings().weight.shape[0])
         self.fsdp = False
+        if config.prefix_tree:  # refuse an attention without dense 4-D masks now, not at the first step
+            attention_mask_for(policy, torch.ones(1, 1, 1, 1, dtype=torch.bool), compute_dtype)
 
     def shard(self) -> None:
         if self.impl != "full":

@@ -17,10 +17,12 @@ split-mode trajectory repeats, a gateway session that forked, identical prompts 
 one micro-batch share nodes, so :func:`tree_micro_batches` orders trajectories by their token ids (sharers become
 neighbours) and budgets a micro-batch by its distinct prefixes, the tokens it computes.
 
-Invariants: nodes are numbered in creation order, so a parent precedes its children (the mask is lower-triangular);
-every sequence's path is a chain of parent links from a root; the mask costs ``U * U`` bytes, the attention
-itself runs through transformers' own 4-D custom-mask support (SDPA with a boolean mask, or eager attention with an
-additive one), which is exact on the CPU. A GPU path (``flex_attention`` with a block mask) is not built yet.
+Invariants: nodes are numbered in depth-first preorder (sequences inserted in lexicographic order), so a parent
+precedes its children, every subtree is a contiguous range ``j .. end[j] - 1``, and the whole ancestor relation is
+``O(U)`` data (``j <= i < end[j]``); every sequence's path is a chain of parent links from a root. The attention runs
+through transformers' own 4-D custom-mask support with the dense mask (``U * U`` bytes): SDPA with a boolean mask,
+or eager attention with an additive one, exact on the CPU. A GPU path (``flex_attention`` with a block mask built
+from the same ranges) is not built yet.
 """
 
 from __future__ import annotations
@@ -37,50 +39,56 @@ if TYPE_CHECKING:  # batching imports this module
 
 @dataclass
 class Tree:
-    """The trie of a micro-batch's sequences (see module docstring)."""
+    """The trie of a micro-batch's sequences (see module docstring). Nodes are numbered in depth-first preorder, so
+    node ``j``'s subtree is the range ``j .. end[j] - 1`` and ``j`` is ``i`` or an ancestor of ``i`` iff
+    ``j <= i < end[j]``."""
 
     tokens: Tensor  # [U] long: each node's token
     depth: Tensor  # [U] long: each node's position id
+    end: Tensor  # [U] long: one past the last node of each node's subtree
     paths: list[Tensor]  # per sequence, [n_i - 1] long: the node of each input prefix ids[: t + 1]
-    mask: Tensor  # [U, U] bool: mask[i, j] iff j is i or an ancestor of i
 
     @property
     def num_nodes(self) -> int:
         return int(self.tokens.numel())
 
+    @property
+    def mask(self) -> Tensor:
+        """``[U, U]`` bool: ``mask[i, j]`` iff ``j`` is ``i`` or an ancestor of ``i`` (``U * U`` bytes)."""
+        ar = torch.arange(self.num_nodes)
+        return (ar[None, :] <= ar[:, None]) & (ar[:, None] < self.end[None, :])
+
 
 def build_tree(seqs: list[Tensor]) -> Tree:
     """The trie of the input prefixes of ``seqs`` (1-D token-id tensors of length >= 2)."""
+    inputs = [ids[:-1].tolist() for ids in seqs]
+    # Inserted in lexicographic order, a sequence branches off below its predecessor's path and every node created
+    # since that branch point lies below it too, so creation order is a depth-first preorder.
+    order = sorted(range(len(seqs)), key=inputs.__getitem__)
     child: dict[tuple[int, int], int] = {}
     tokens: list[int] = []
     depth: list[int] = []
-    paths: list[Tensor] = []
-    firsts: list[int] = []  # per sequence: index in its path of the first node it created (len(path) if none)
-    for ids in seqs:
-        node, path, first = -1, [], -1
-        for d, tok in enumerate(ids[:-1].tolist()):
+    parent: list[int] = []
+    paths: list[Tensor] = [torch.empty(0)] * len(seqs)
+    for k in order:
+        node, path = -1, []
+        for d, tok in enumerate(inputs[k]):
             nxt = child.get((node, tok))
             if nxt is None:
                 nxt = child[(node, tok)] = len(tokens)
                 tokens.append(tok)
                 depth.append(d)
-                if first < 0:
-                    first = d
+                parent.append(node)
             node = nxt
             path.append(node)
-        paths.append(torch.tensor(path, dtype=torch.long))
-        firsts.append(len(path) if first < 0 else first)
-    u = len(tokens)
-    mask = torch.zeros(u, u, dtype=torch.bool)
-    for path, first in zip(paths, firsts):
-        # Once a sequence leaves the existing trie every later node of its path is new, and new nodes are exactly
-        # the rows this sequence must fill: row path[k] sees path[: k + 1].
-        if first < len(path):
-            n = len(path)
-            tril = torch.ones(n, n, dtype=torch.bool).tril_()[first:]
-            mask[path[first:, None], path[None, :]] = tril
+        paths[k] = torch.tensor(path, dtype=torch.long)
+    size = [1] * len(tokens)
+    for i in range(len(tokens) - 1, 0, -1):  # children follow their parent
+        if parent[i] >= 0:
+            size[parent[i]] += size[i]
+    end = torch.arange(len(tokens)) + torch.tensor(size, dtype=torch.long)
     return Tree(tokens=torch.tensor(tokens, dtype=torch.long), depth=torch.tensor(depth, dtype=torch.long),
-                paths=paths, mask=mask)
+                end=end, paths=paths)
 
 
 def attention_mask_for(model: torch.nn.Module, mask: Tensor, dtype: torch.dtype) -> Tensor:

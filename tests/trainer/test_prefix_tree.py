@@ -12,7 +12,7 @@ import torch
 
 from agentrl.trainer.batching import Seq, collate, prepare_sequences, split_micro, units
 from agentrl.trainer.config import LossConfig, OptimizerConfig, TrainerConfig
-from agentrl.trainer.model import load_causal_lm, micro_batch_logprobs
+from agentrl.trainer.model import ModelRunner, load_causal_lm, micro_batch_logprobs
 from agentrl.trainer.prefix_tree import attention_mask_for, build_tree, tree_micro_batches
 from agentrl.trainer.trainer import Trainer
 from agentrl.trajectory import Group, Trajectory
@@ -86,6 +86,23 @@ def test_build_tree_shares_prefixes_and_masks_ancestors() -> None:
     assert torch.equal(t.mask, want.bool())
 
 
+def test_tree_mask_is_the_ancestor_relation_on_random_tries() -> None:
+    rng = random.Random(5)
+    for _ in range(20):
+        base = [rng.randrange(3) for _ in range(8)]
+        seqs = [torch.tensor(base[:rng.randrange(0, 8)] + [rng.randrange(3) for _ in range(rng.randrange(2, 6))])
+                for _ in range(rng.randrange(1, 7))]
+        t = build_tree(seqs)
+        want = torch.zeros(t.num_nodes, t.num_nodes, dtype=torch.bool)
+        for ids, path in zip(seqs, t.paths):
+            assert t.tokens[path].tolist() == ids[:-1].tolist()
+            assert t.depth[path].tolist() == list(range(len(path)))
+            for k in range(len(path)):
+                want[path[k], path[: k + 1]] = True
+        assert torch.equal(t.mask, want)
+        assert t.num_nodes == len({tuple(ids[:k + 1].tolist()) for ids in seqs for k in range(len(ids) - 1)})
+
+
 def _seqs(rows: list[list[int]], unit: list[int] | None = None) -> list[Seq]:
     return [Seq(ids=torch.tensor(r), mask=torch.ones(len(r) - 1), behav=torch.zeros(len(r) - 1),
                 versions=torch.zeros(len(r) - 1, dtype=torch.long), adv=0.0, reward=0.0,
@@ -155,6 +172,9 @@ def test_an_attention_without_dense_masks_is_refused_by_name(tiny_model_dir: Pat
     model.config._attn_implementation = "flash_attention_2"  # not installable here; only the name is read
     with pytest.raises(ValueError, match="prefix_tree"):
         attention_mask_for(model, torch.ones(1, 1, 2, 2, dtype=torch.bool), torch.float32)
+    with pytest.raises(ValueError, match="prefix_tree"):
+        ModelRunner(_cfg(True), model, torch.device("cpu"), "torch", torch.float32)
+    ModelRunner(_cfg(False), model, torch.device("cpu"), "torch", torch.float32)  # the flat layout needs no mask
 
 
 def _cfg(tree: bool, **kw) -> TrainerConfig:
