@@ -177,6 +177,12 @@ def test_an_attention_without_dense_masks_is_refused_by_name(tiny_model_dir: Pat
     ModelRunner(_cfg(False), model, torch.device("cpu"), "torch", torch.float32)  # the flat layout needs no mask
 
 
+def test_prefix_tree_with_fsdp_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="prefix_tree.*fsdp"):
+        TrainerConfig(device="cpu", prefix_tree=True, sharding="fsdp").validate()
+    TrainerConfig(device="cpu", prefix_tree=True, sharding="replicate").validate()
+
+
 def _cfg(tree: bool, **kw) -> TrainerConfig:
     return TrainerConfig(device="cpu", micro_batch_size=8, prefix_tree=tree, optimizer=OptimizerConfig(lr=1e-3),
                          loss=LossConfig(name="decoupled_ppo", kl_coef=0.05, entropy_coef=0.01), **kw)
