@@ -219,6 +219,9 @@ class ModelRunner:
             attention_mask_for(policy, torch.ones(1, 1, 1, 1, dtype=torch.bool), compute_dtype)
 
     def shard(self) -> None:
+        if self.config.prefix_tree:  # sharding: auto resolves to fsdp on CUDA, after validate()
+            raise ValueError("prefix_tree: true is not supported with FSDP sharding yet (sharding: auto picks it on "
+                             "CUDA); use sharding: replicate or prefix_tree: false")
         if self.impl != "full":
             log.info("fsdp: log-probs from the model's full logits (logprob_impl %s needs the unsharded head)",
                      self.impl)

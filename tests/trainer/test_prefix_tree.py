@@ -175,6 +175,9 @@ def test_an_attention_without_dense_masks_is_refused_by_name(tiny_model_dir: Pat
     with pytest.raises(ValueError, match="prefix_tree"):
         ModelRunner(_cfg(True), model, torch.device("cpu"), "torch", torch.float32)
     ModelRunner(_cfg(False), model, torch.device("cpu"), "torch", torch.float32)  # the flat layout needs no mask
+    model.config._attn_implementation = "sdpa"
+    with pytest.raises(ValueError, match="prefix_tree.*FSDP"):
+        ModelRunner(_cfg(True), model, torch.device("cpu"), "torch", torch.float32).shard()
 
 
 def test_prefix_tree_with_fsdp_is_refused_by_name() -> None:
