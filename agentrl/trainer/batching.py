@@ -4,7 +4,7 @@ Data layout. A trajectory of ``n`` tokens gives ``n - 1`` target positions: posi
 ``token_ids[t + 1]`` from ``token_ids[: t + 1]``, so every per-token field of the trajectory is shifted by one
 (``loss_mask[1:]``, ``logprobs[1:]``, ``versions[1:]``).
 
-A :class:`MicroBatch` holds ``b`` sequences in one of two layouts, which give the same log-probs:
+A :class:`MicroBatch` holds ``b`` sequences in one of three layouts, which give the same log-probs:
 
 - padded: ``input_ids [b, L]`` right-padded with token 0 and no attention mask. Causal attention makes every real
   position attend only to earlier positions of its own row, which are all real, so a 2-D padding mask would change
@@ -12,6 +12,9 @@ A :class:`MicroBatch` holds ``b`` sequences in one of two layouts, which give th
 - packed: ``input_ids [1, sum n]``, the sequences one after another, with ``position_ids`` restarting at 0 for each;
   transformers detects the restarts (when no attention mask and no cache is passed) and builds the block-diagonal
   causal mask, so no token attends across sequences.
+- tree (``prefix_tree``): ``input_ids [1, U]``, one entry per distinct prefix of the micro-batch's sequences, with
+  depth position ids and a tree attention mask (:mod:`agentrl.trainer.prefix_tree`); ``src`` points each target at
+  the node of its prefix, so a prefix that several sequences share is computed once.
 
 Either way the hidden states are flattened and only the ``N = sum (n_i - 1)`` positions that have a target are
 kept (``src`` indexes them), which is all the log-prob head ever sees: padding costs no vocabulary projection.
@@ -41,6 +44,7 @@ import torch
 from torch import Tensor
 
 from agentrl.trainer.advantages import as_advantage, token_advantages
+from agentrl.trainer.prefix_tree import build_tree
 from agentrl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -235,6 +239,8 @@ class MicroBatch:
     num_tokens: int  # real tokens, sum n_i
     # [b] long: the sequence (trajectory) each row belongs to, 0..S-1; None when every row is its own sequence
     seq_index: Tensor | None = None
+    # tree layout only: [1, 1, L, L] bool, True where a node attends to another (itself and its ancestors)
+    attention_mask: Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -246,14 +252,21 @@ class MicroBatch:
         return out.index_put((self.rows, self.cols), flat)
 
 
-def collate(seqs: list[Seq], device: torch.device, *, packing: bool = False) -> MicroBatch:
-    """Lays ``seqs`` out as one :class:`MicroBatch` on ``device`` (padded, or packed into one row)."""
+def collate(seqs: list[Seq], device: torch.device, *, packing: bool = False, tree: bool = False) -> MicroBatch:
+    """Lays ``seqs`` out as one :class:`MicroBatch` on ``device`` (padded, packed into one row, or, with ``tree``,
+    one row of distinct prefixes, which overrides ``packing``)."""
     lengths = [s.length for s in seqs]
     T = max(lengths) - 1
     rows = torch.cat([torch.full((n - 1,), i, dtype=torch.long) for i, n in enumerate(lengths)])
     cols = torch.cat([torch.arange(n - 1) for n in lengths])
     targets = torch.cat([s.ids[1:] for s in seqs])
-    if packing:
+    attention_mask = None
+    if tree:
+        t = build_tree([s.ids for s in seqs])
+        input_ids, position_ids = t.tokens[None], t.depth[None]
+        src = torch.cat(t.paths)
+        attention_mask = t.mask[None, None].to(device)
+    elif packing:
         input_ids = torch.cat([s.ids for s in seqs])[None]
         position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
         starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
@@ -280,7 +293,7 @@ def collate(seqs: list[Seq], device: torch.device, *, packing: bool = False) -> 
         adv=_adv(seqs, T).to(device),
         reward=torch.tensor([s.reward for s in seqs], dtype=torch.float32, device=device),
         prox=opt("prox"), ref=opt("ref"),
-        num_tokens=sum(lengths), seq_index=_seq_index(seqs, device),
+        num_tokens=sum(lengths), seq_index=_seq_index(seqs, device), attention_mask=attention_mask,
     )
 
 

@@ -23,10 +23,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from agentrl.trainer.batching import MicroBatch, Seq, collate, pad_rows, scoring_sequences, split_micro
+from agentrl.trainer.batching import MicroBatch, Seq, collate, pad_rows, scoring_sequences, split_micro, units
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.logprobs import chunked_entropy, full_logprobs, liger_available, liger_logprobs
 from agentrl.trainer.logprobs import liger_runnable, torch_logprobs
+from agentrl.trainer.prefix_tree import attention_mask_for, tree_micro_batches
 from agentrl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -152,16 +153,19 @@ def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, *, impl: str, c
     path only at loss positions, which is where the metric reads it). ``compute_dtype`` is the autocast dtype of
     the forward; parameters already in a lower precision (a bf16 reference model) project in their own."""
     dev = mb.input_ids.device
+    extra = {}
+    if mb.attention_mask is not None:
+        extra["attention_mask"] = attention_mask_for(model, mb.attention_mask, compute_dtype)
     with autocast(dev, compute_dtype):
         if impl == "full":
-            logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits
+            logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, **extra).logits
             flat = logits.reshape(-1, logits.shape[-1]).index_select(0, mb.src)
             del logits
             lp, ent = full_logprobs(flat, mb.targets, temperature=temperature, want_entropy=entropy,
                                     entropy_grad=entropy_grad)
         else:
             hidden = decoder(model)(input_ids=mb.input_ids, position_ids=mb.position_ids,
-                                    use_cache=False).last_hidden_state
+                                    use_cache=False, **extra).last_hidden_state
             h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.src)
             del hidden
             w = model.get_output_embeddings().weight
@@ -211,8 +215,13 @@ class ModelRunner:
         self.impl, self.compute_dtype = impl, compute_dtype
         self.vocab_size = int(policy.get_input_embeddings().weight.shape[0])
         self.fsdp = False
+        if config.prefix_tree:  # refuse an attention without dense 4-D masks now, not at the first step
+            attention_mask_for(policy, torch.ones(1, 1, 1, 1, dtype=torch.bool), compute_dtype)
 
     def shard(self) -> None:
+        if self.config.prefix_tree:  # sharding: auto resolves to fsdp on CUDA, after validate()
+            raise ValueError("prefix_tree: true is not supported with FSDP sharding yet (sharding: auto picks it on "
+                             "CUDA); use sharding: replicate or prefix_tree: false")
         if self.impl != "full":
             log.info("fsdp: log-probs from the model's full logits (logprob_impl %s needs the unsharded head)",
                      self.impl)
@@ -226,11 +235,18 @@ class ModelRunner:
         return micro_batch_logprobs(model, mb, impl=self.impl, compute_dtype=self.compute_dtype,
                                     temperature=self.config.temperature, entropy=entropy, entropy_grad=entropy_grad)
 
+    def collate(self, seqs: list[Seq]) -> MicroBatch:
+        """``seqs`` in the configured layout (padded, packed or prefix tree) on the trainer's device."""
+        return collate(seqs, self.device, packing=self.config.packing, tree=self.config.prefix_tree)
+
     def micro_batches(self, seqs: list[Seq], model: torch.nn.Module | None = None) -> list[list[Seq]]:
         """Micro-batches of ``seqs``; for the sharded policy padded with empty ones up to the largest count of any
         rank."""
         cfg = self.config
-        groups = split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens, packing=cfg.packing)
+        if cfg.prefix_tree:
+            groups = tree_micro_batches(units(seqs), cfg.micro_batch_size, cfg.micro_batch_tokens)
+        else:
+            groups = split_micro(seqs, cfg.micro_batch_size, cfg.micro_batch_tokens, packing=cfg.packing)
         if self.fsdp and (model is None or model is self.policy):
             from agentrl.trainer.dp_rank import agree_count
 
@@ -240,7 +256,7 @@ class ModelRunner:
     def dummy_pass(self, model: torch.nn.Module, backward: bool) -> None:
         """A forward (and backward) of a 2-token sequence with no loss token: an FSDP rank with fewer micro-batches
         than its peers joins their collectives with it; its gradient contribution is exactly zero."""
-        mb = collate(scoring_sequences([[0, 0]], self.vocab_size), self.device, packing=self.config.packing)
+        mb = self.collate(scoring_sequences([[0, 0]], self.vocab_size))
         logp, _ = self.forward(model, mb, entropy=False)
         if backward:
             (logp.sum() * 0.0).backward()
@@ -255,7 +271,7 @@ class ModelRunner:
             if not group:
                 self.dummy_pass(model, backward=False)
                 continue
-            mb = collate(group, self.device, packing=self.config.packing)
+            mb = self.collate(group)
             logp, _ = self.forward(model, mb, entropy=False)
             logp = logp.float().cpu()
             for j, s in enumerate(group):

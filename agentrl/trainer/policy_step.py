@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from agentrl.trainer.advantages import compute_advantages
-from agentrl.trainer.batching import MicroBatch, Seq, collate, even_parts, prepare_sequences, units
+from agentrl.trainer.batching import MicroBatch, Seq, even_parts, prepare_sequences, units
 from agentrl.trainer.losses import Metrics, count_sequences, policy_loss
 from agentrl.trainer.step import RecordSampler, StepSums, add_batch_stats, finish_batch_stats
 from agentrl.trajectory import Group, Trajectory
@@ -213,7 +213,10 @@ class PolicyStep:
             if not group or not grad.finite:  # FSDP: keep this rank in its peers' collectives
                 tr.runner.dummy_pass(tr.model, backward=True)
                 continue
-            mb = collate(group, tr.device, packing=cfg.packing)
+            mb = tr.runner.collate(group)
+            if cfg.prefix_tree:
+                self.sums.add_total("batch/tree_tokens", float(mb.input_ids.numel()))
+                self.sums.add_total("batch/flat_tokens", float(mb.num_tokens))
             logp, ent = tr.runner.forward(tr.model, mb, entropy=entropy, entropy_grad=entropy_grad)
             if sampler is not None:
                 sampler.offer(mb.seqs, tr.version, logp.detach())
@@ -327,6 +330,8 @@ class PolicyStep:
             # this rank's seconds in collectives during the step (waiting for a slower rank included)
             out["perf/comm_s"] = self._comm_seconds() - self.comm_at_start
         out["perf/tokens_per_s"] = out.get("batch/num_tokens", 0.0) / max(elapsed, 1e-9)
+        if out.get("batch/flat_tokens"):
+            out["batch/tree_ratio"] = out["batch/tree_tokens"] / out["batch/flat_tokens"]
         out["version"] = float(version)
         out["optimizer_steps"] = float(tr.optimizer_steps)
         tr._records = self.sampler.take()

@@ -274,7 +274,9 @@ class Trainer:
         (``KL(mu || pi_prox)``), ``staleness/mean``, ``staleness/max``, ``staleness/hist/<k>`` (share of loss
         tokens ``k`` versions old), ``reward/{mean,std,min,max}``, ``adv/{mean,std,min,max,zero_frac}``,
         ``batch/{num_seqs,num_tokens,loss_tokens,mean_seq_len,dropped_invalid,truncated_seqs}``,
-        ``perf/{step_s,prox_s,tokens_per_s}``, ``train/skipped_steps``, ``version``, ``optimizer_steps`` (keys
+        ``batch/{tree_tokens,flat_tokens,tree_ratio}`` (``prefix_tree``: tokens the training forwards computed, the
+        tokens the flat layout computes in them, their ratio), ``perf/{step_s,prox_s,tokens_per_s}``,
+        ``train/skipped_steps``, ``version``, ``optimizer_steps`` (keys
         absent when they do not apply).
         """
         self._check_no_stream("train_step")

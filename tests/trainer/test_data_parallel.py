@@ -201,6 +201,27 @@ def test_two_ranks_equal_one_trainer_with_per_turn_advantages(ray_local, tiny_mo
         stop_trainer(group)
 
 
+def test_two_ranks_with_the_prefix_tree_equal_one_flat_trainer(ray_local, tiny_model_dir: Path) -> None:
+    """Issue 27: two replicated ranks in the prefix-tree layout, each over its shard, take the update of one trainer
+    in the flat layout. (FSDP ranks with the tree layout are not covered yet.)"""
+    sharding, loss = "replicate", LOSSES["decoupled_ppo"]
+    groups = _groups()
+    single = Trainer(_cfg(loss), tiny_model_dir)
+    m1 = single.train_step(groups)
+    expected = single.state_dict_for_inference(torch.float32)
+    group = create_trainer(_cfg(loss, world_size=2, sharding=sharding, prefix_tree=True), tiny_model_dir)
+    try:
+        m2 = group.train_step.remote(groups).result()
+        for rank in (0, 1):
+            assert _max_diff(_rank_weights(group, rank), expected) <= 1e-5, rank
+        for key in ("loss", "grad_norm", "batch/loss_tokens"):
+            assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+        assert m2["batch/flat_tokens"] == m1["batch/num_tokens"]
+        assert m2["batch/tree_tokens"] < m2["batch/flat_tokens"]
+    finally:
+        stop_trainer(group)
+
+
 def test_checkpoint_round_trip_at_world_size_2(dp_group, tiny_model_dir: Path, tmp_path: Path) -> None:
     groups, group = _groups(), dp_group
     group.train_step.remote(groups).result()

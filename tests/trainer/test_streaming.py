@@ -235,8 +235,12 @@ class _ThreadReducer:
         return {k: max(p.get(k, float("-inf")) for p in parts) for k in set().union(*parts)}
 
 
-@pytest.mark.parametrize("loss", [LossConfig(name="decoupled_ppo"), LossConfig(name="gspo")])
-def test_two_workers_through_the_reducer_hook_equal_one_worker(tiny_model_dir: Path, loss: LossConfig) -> None:
+@pytest.mark.parametrize("loss,tree", [(LossConfig(name="decoupled_ppo"), False), (LossConfig(name="gspo"), False),
+                                       (LossConfig(name="decoupled_ppo"), True)])
+def test_two_workers_through_the_reducer_hook_equal_one_worker(tiny_model_dir: Path, loss: LossConfig,
+                                                               tree: bool) -> None:
+    """Two workers on uneven shards equal one worker; with ``tree`` the workers use the prefix-tree layout and the
+    single worker the flat one (issue 27: the tree layout through two data-parallel ranks)."""
     groups = _groups(n_groups=3, size=3)
     from agentrl.trainer.advantages import compute_advantages
 
@@ -246,7 +250,7 @@ def test_two_workers_through_the_reducer_hook_equal_one_worker(tiny_model_dir: P
     m_single = single.train_step(flat, adv)
 
     ex = _Exchange(2)
-    workers = [Trainer(_cfg(loss=loss), tiny_model_dir) for _ in range(2)]
+    workers = [Trainer(_cfg(loss=loss, prefix_tree=tree), tiny_model_dir) for _ in range(2)]
     shards = [(flat[:2], adv[:2]), (flat[2:], adv[2:])]  # uneven shards
     results: list = [None, None]
     for rank, w in enumerate(workers):
@@ -275,6 +279,9 @@ def test_two_workers_through_the_reducer_hook_equal_one_worker(tiny_model_dir: P
     for key in ("loss", "grad_norm", "reward/mean", "batch/loss_tokens", "entropy", "staleness/mean"):
         assert results[0][key] == pytest.approx(m_single[key], rel=1e-4, abs=1e-6), key
         assert results[1][key] == pytest.approx(results[0][key], rel=1e-6, abs=1e-9), key
+    if tree:  # the counts are summed over the ranks
+        assert results[0]["batch/flat_tokens"] == m_single["batch/num_tokens"]
+        assert results[0]["batch/tree_tokens"] < results[0]["batch/flat_tokens"]
 
 
 def test_two_workers_with_two_mini_batches_take_the_single_trainers_steps(tiny_model_dir: Path) -> None:
