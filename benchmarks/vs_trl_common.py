@@ -1,0 +1,152 @@
+"""What both sides of ``bench_vs_trl.py`` share: the tasks, the held-out set, the scorer and the summary maths.
+
+The race is only fair if both frameworks are judged by one ruler, so nothing here depends on either framework's
+training code: the held-out set is agentrl's content-keyed evaluation set (:class:`agentrl.controller.heldout.HeldOut`,
+the tasks ``agentrl train`` withholds from training, which the trl side withholds too because it trains on
+``train_seeds``), and :func:`score` plays a checkpoint (an HF model directory, from either framework) on it with one
+greedy transformers loop over the agentrl env itself. Both frameworks' checkpoints are scored after their runs, by
+the same process, so scoring never competes with training for the 2 cores and costs neither side wall time.
+
+The pure part (:func:`crossing_time`, :func:`success_at`, :func:`curve`, :func:`ratio`) turns timestamped scores into
+the table's figures; ``tests/controller/test_bench_vs_trl.py`` covers it without trl installed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True)
+class Task:
+    """One race: the env both frameworks train on, agentrl's config for it and the per-episode limits."""
+
+    name: str
+    env_id: str
+    config: str  # agentrl config (relative to the repository root) whose warm start, model, lr, group size are used
+    max_turns: int
+    max_tokens_per_turn: int
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+TASKS = {
+    "tooluse": Task("tooluse", "agentrl/ToolLookup-v0", "configs/tooluse.yaml", max_turns=5, max_tokens_per_turn=32),
+}
+
+
+# --------------------------------------------------------------------------------------------------- held-out set
+def heldout(task: Task, episodes: int) -> Any:
+    """agentrl's held-out set for ``task`` with ``episodes`` distinct tasks (content-keyed), and its training map."""
+    from agentrl.controller.config import EnvConfig
+    from agentrl.controller.heldout import HeldOut
+
+    return HeldOut(EnvConfig(id=task.env_id, kwargs=dict(task.env_kwargs)), episodes)
+
+
+def train_seeds(task: Task, episodes: int, count: int, seed_start: int = 0) -> list[int]:
+    """The first ``count`` training seeds agentrl would play from ``seed_start`` (none plays a held-out task)."""
+    from agentrl.controller.config import EnvConfig
+    from agentrl.controller.heldout import HeldOut
+
+    held = HeldOut(EnvConfig(id=task.env_id, kwargs=dict(task.env_kwargs), seed_start=seed_start), episodes)
+    try:
+        return [held.train(i) for i in range(count)]
+    finally:
+        held.close()
+
+
+# ------------------------------------------------------------------------------------------------------- scorer
+def score(model_dir: str, tokenizer_dir: str, task: Task, seeds: Sequence[int], batch: int = 64) -> dict[str, float]:
+    """Plays one greedy episode per seed of ``task`` with the model in ``model_dir`` (HF format; the tokenizer and
+    chat template of ``tokenizer_dir``) and returns ``success`` (share of episodes with reward > 0, as agentrl's
+    evaluation counts it), mean ``reward``, ``episodes`` and ``distinct_tasks`` (by the env's ``task_key``).
+    Turns: at most ``task.max_turns`` actions of at most ``task.max_tokens_per_turn`` tokens, each ended by the
+    template's end-of-turn token; the env's own messages are appended as the agent loop appends them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import agentrl
+    from agentrl.chat import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    eos = tok.convert_tokens_to_ids(tok.eos_token)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rewards: list[float] = []
+    keys: set[str] = set()
+    for lo in range(0, len(seeds), batch):
+        envs = [agentrl.make(task.env_id, **task.env_kwargs) for _ in seeds[lo:lo + batch]]
+        convs, total, live = [], [0.0] * len(envs), list(range(len(envs)))
+        for env, s in zip(envs, seeds[lo:lo + batch]):
+            obs, _ = env.reset(seed=int(s))
+            convs.append(list(obs))
+            key = env.unwrapped.task_key(int(s)) if hasattr(env.unwrapped, "task_key") else None
+            keys.add(str(key) if key is not None else f"seed:{s}")
+            env.reset(seed=int(s))  # task_key re-drew the task: start the episode afresh
+        for _ in range(task.max_turns):
+            if not live:
+                break
+            texts = [tok.apply_chat_template(convs[i], add_generation_prompt=True, tokenize=False) for i in live]
+            ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+            width = max(map(len, ids))
+            inp = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+            with torch.no_grad():
+                out = model.generate(input_ids=inp, attention_mask=mask, max_new_tokens=task.max_tokens_per_turn,
+                                     do_sample=False, eos_token_id=eos, pad_token_id=pad)
+            still = []
+            for row, i in zip(out[:, width:].tolist(), live):
+                action = tok.decode(row[: row.index(eos)] if eos in row else row, skip_special_tokens=True)
+                obs, r, term, trunc, _ = envs[i].step(action)
+                total[i] += float(r)
+                convs[i] += [{"role": "assistant", "content": action}, *obs]
+                if not (term or trunc):
+                    still.append(i)
+            live = still
+        rewards += total
+        for env in envs:
+            env.close()
+    n = max(len(rewards), 1)
+    return {"success": sum(r > 0 for r in rewards) / n, "reward": sum(rewards) / n, "episodes": float(len(rewards)),
+            "distinct_tasks": float(len(keys))}
+
+
+# ---------------------------------------------------------------------------------------------- pure summaries
+def curve(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``(seconds, success)`` points sorted by time (ties keep their order); non-finite points are dropped."""
+    return sorted(((float(t), float(s)) for t, s in points if math.isfinite(t) and math.isfinite(s)),
+                  key=lambda p: p[0])
+
+
+def crossing_time(points: Sequence[tuple[float, float]], threshold: float) -> float | None:
+    """The first time at which a scored checkpoint reaches ``success >= threshold``, or None if none does."""
+    for t, s in curve(points):
+        if s >= threshold:
+            return t
+    return None
+
+
+def success_at(points: Sequence[tuple[float, float]], t: float) -> float | None:
+    """The held-out success of the newest checkpoint scored at or before ``t`` (a step function: what the run had
+    to show at that time), or None before its first checkpoint."""
+    best = None
+    for tt, s in curve(points):
+        if tt > t:
+            break
+        best = s
+    return best
+
+
+def ratio(trl_s: float | None, agentrl_s: float | None) -> float | None:
+    """How many times sooner agentrl got there (trl time / agentrl time); None when either never got there."""
+    if trl_s is None or agentrl_s is None or agentrl_s <= 0:
+        return None
+    return trl_s / agentrl_s
+
+
+def mean(values: Sequence[float | None]) -> float | None:
+    """The mean of the values, or None if any is None (a seed that never reached the threshold has no time)."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)  # type: ignore[arg-type]
