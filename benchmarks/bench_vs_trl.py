@@ -65,7 +65,7 @@ def venv_versions(py: Path) -> dict[str, str]:
     return json.loads(subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
-def make_warm_start(task: common.Task, out: Path, heldout: int) -> Path:
+def make_warm_start(task: common.Task, out: Path, heldout: int, overrides: list[str] = ()) -> Path:
     """agentrl's warm start for ``task`` (its config, seed 0, demonstrations that avoid the held-out tasks), made
     once under ``out/warmstart``; returns the model directory."""
     import asyncio
@@ -76,7 +76,7 @@ def make_warm_start(task: common.Task, out: Path, heldout: int) -> Path:
 
     ws = out / "warmstart"
     if not (ws / "model").is_dir():
-        cfg = load_config(ROOT / task.config, [f"eval.episodes={heldout}", "seed=0"])
+        cfg = load_config(ROOT / task.config, [f"eval.episodes={heldout}", "seed=0", *overrides])
         held = common.heldout(task, heldout)
         try:
             asyncio.run(warm_start(cfg, Path(EngineConfig(model=cfg.engine.model).resolved_model()), ws,
@@ -122,8 +122,10 @@ class Watcher:
     1-minute load average."""
 
     def __init__(self, pid: int, every_s: float = 2.0):
-        self.pid, self.every_s = pid, every_s
+        self.pid, self.every_s, self.t0 = pid, every_s, time.time()
         self.cpu: dict[int, float] = {}
+        self.starts: dict[int, str] = {}  # pid -> start time (clock ticks), to tell a reused pid apart
+        self.timeline: list[tuple[float, float]] = []  # (seconds since start, tree CPU seconds so far)
         self.peak_rss, self.load = 0, [_loadavg()]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -134,7 +136,13 @@ class Watcher:
             tree = _tree(self.pid)
             for p, (c, _) in tree.items():
                 self.cpu[p] = max(self.cpu.get(p, 0.0), c)
+                if p not in self.starts:
+                    try:
+                        self.starts[p] = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[19]
+                    except OSError:
+                        pass
             self.peak_rss = max(self.peak_rss, sum(r for _, r in tree.values()))
+            self.timeline.append((time.time() - self.t0, sum(self.cpu.values())))
             self.load.append(_loadavg())
             self._stop.wait(self.every_s)
 
@@ -142,8 +150,20 @@ class Watcher:
         self._stop.set()
         self._thread.join()
         self.load.append(_loadavg())
-        return {"cpu_s": sum(self.cpu.values()), "peak_rss_mib": self.peak_rss / 2**20,
+        return {"cpu_s": sum(self.cpu.values()), "peak_rss_mib": self.peak_rss / 2**20, "cpu_timeline": self.timeline,
                 "load_min": min(self.load), "load_max": max(self.load), "load_mean": sum(self.load) / len(self.load)}
+
+
+def _tree_pids_of(watch: "Watcher") -> set[int]:
+    """The watched pids still alive whose start time is unchanged (not a reused pid)."""
+    alive = set()
+    for pid, start in watch.starts.items():
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19] == start:
+                alive.add(pid)
+        except OSError:
+            pass
+    return alive
 
 
 def _loadavg() -> float:
@@ -166,6 +186,13 @@ def run_for(cmd: list[str], budget_s: float, log: Path, env: dict | None = None)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 rc = proc.wait()
+        time.sleep(3)  # let the tree's own shutdown finish before reaping what is left
+        for pid in list(watch.cpu):  # descendants that left the process group (e.g. Ray's daemons): ours to end
+            if pid != proc.pid and Path(f"/proc/{pid}").exists() and pid in _tree_pids_of(watch):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     return {"t0": t0, "wall_s": time.time() - t0, "rc": rc, "cmd": " ".join(cmd), **watch.stop()}
 
 
@@ -178,7 +205,7 @@ def run_agentrl(task: common.Task, mode: str, seed: int, run_dir: Path, ws_model
     cmd = [sys.executable, "-m", "agentrl.cli", "train", str(ROOT / task.config), f"run_dir={run_dir}",
            f"seed={seed}", f"trainer.seed={seed}", f"engine.seed={seed}", f"env.seed_start={seed * 100_000}",
            f"eval.episodes={a.heldout}", "eval.every=0", f"steps={a.max_steps}", f"checkpoint_every={a.ckpt_every}",
-           "progress=false", "trajectory_log=false"]
+           "progress=false"]
     if mode == "agentrl-sync":
         cmd.append("async_ratio=0")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -257,7 +284,7 @@ def score_all(task: common.Task, out: Path, runs: list[dict], ws_model: Path, se
 
 
 def summarise(runs: list[dict], ws_score: float, threshold: float, budget_s: float) -> dict:
-    """Per mode (over seeds): time to ``threshold`` (wall and CPU, the CPU share scaled by the run's CPU/wall),
+    """Per mode (over seeds): time to ``threshold`` (wall, and the process tree's CPU seconds by then),
     success at equal wall time, throughput, peak memory; and the trl/agentrl ratios."""
     by_mode: dict[str, dict] = {}
     for mode in MODES:
@@ -265,11 +292,10 @@ def summarise(runs: list[dict], ws_score: float, threshold: float, budget_s: flo
         if not rs:
             continue
         cross = [common.crossing_time(r["points"], threshold) for r in rs]
-        cpu_rate = [r["cpu_s"] / max(r["wall_s"], 1e-9) for r in rs]
         by_mode[mode] = {
             "seeds": [r["seed"] for r in rs],
             "time_to_threshold_s": cross,
-            "cpu_to_threshold_s": [None if c is None else c * k for c, k in zip(cross, cpu_rate)],
+            "cpu_to_threshold_s": [common.cpu_at(r.get("cpu_timeline", []), c) for c, r in zip(cross, rs)],
             "mean_time_to_threshold_s": common.mean(cross),
             "success_at_budget": [common.success_at(r["points"], budget_s) for r in rs],
             "success_at_half_budget": [common.success_at(r["points"], budget_s / 2) for r in rs],
@@ -292,16 +318,21 @@ def plot(task: str, runs: list[dict], ws_score: float, threshold: float, path: P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, (ax, cx) = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
     colors = {"agentrl-sync": "C0", "agentrl-async": "C2", "trl": "C3"}
     for r in runs:
         pts = [(0.0, ws_score)] + common.curve(r["points"])
-        ax.plot([t / 60 for t, _ in pts], [s for _, s in pts], marker="o", ms=3, color=colors[r["mode"]],
-                linestyle=["-", "--", ":", "-."][r["seed"] % 4], label=f"{r['mode']} seed {r['seed']}")
-    ax.axhline(threshold, color="grey", linewidth=0.8, linestyle=":", label=f"threshold {threshold:.3f}")
-    ax.set_xlabel("wall time since process start (min), same 2 cores, one run at a time")
+        style = dict(marker="o", ms=3, color=colors[r["mode"]], linestyle=["-", "--", ":", "-."][r["seed"] % 4],
+                     label=f"{r['mode']} seed {r['seed']}")
+        ax.plot([t / 60 for t, _ in pts], [s for _, s in pts], **style)
+        cpu = [common.cpu_at(r.get("cpu_timeline", []), t) for t, _ in pts]
+        cx.plot([c / 60 if c is not None else float("nan") for c in cpu], [s for _, s in pts], **style)
+    for a_, what in ((ax, "wall time"), (cx, "CPU time of the run's process tree")):
+        a_.axhline(threshold, color="grey", linewidth=0.8, linestyle=":", label=f"threshold {threshold:.3f}")
+        a_.set_xlabel(f"{what} since process start (min)")
     ax.set_ylabel("held-out success (greedy, shared scorer)")
-    ax.set_title(f"{task}: agentrl vs trl from the same warm start")
+    ax.set_title(f"{task}: agentrl vs trl from one warm start, one run at a time")
+    cx.set_title("same, against CPU seconds (the machine is shared)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -344,6 +375,8 @@ def main() -> None:
     p.add_argument("--threshold", type=float, default=None,
                    help="held-out success to reach (default: halfway from the warm start to the best run's best)")
     p.add_argument("--venv", type=Path, default=Path.home() / ".cache" / "agentrl" / "bench-trl-venv")
+    p.add_argument("--warm-start", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="overrides for the warm start only (e.g. warm_start.steps=5 for a smoke run)")
     p.add_argument("--report-only", action="store_true")
     a = p.parse_args()
     py = ensure_venv(a.venv)
@@ -352,7 +385,7 @@ def main() -> None:
     for name in a.tasks:
         task, out = common.TASKS[name], a.out / name
         out.mkdir(parents=True, exist_ok=True)
-        ws_model = make_warm_start(task, out, a.heldout)
+        ws_model = make_warm_start(task, out, a.heldout, a.warm_start)
         held = common.heldout(task, a.heldout)
         seeds, distinct = list(held.eval_seeds), len(held.eval_keys) if held.keyed else len(held.eval_seeds)
         held.close()

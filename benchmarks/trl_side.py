@@ -121,7 +121,7 @@ def main(spec_path: str) -> None:
     data = Dataset.from_list(rows)
 
     state = {"gen_s": 0.0, "gen_tokens": 0, "trained_tokens": 0, "steps": 0, "step_s": 0.0, "next_ckpt": 0.0,
-             "ckpts": 0}
+             "ckpts": 0, "saved_step": -1}
 
     class TimedGRPO(GRPOTrainer):
         """Counts generation time and tokens (the rollout, tools and reward included) apart from the update."""
@@ -142,6 +142,7 @@ def main(spec_path: str) -> None:
         with open(out / "checkpoints.jsonl", "a") as f:
             f.write(json.dumps({"step": step, "dir": str(d), "t": time.time() - t_start}) + "\n")
         state["ckpts"] += 1
+        state["saved_step"] = step
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, st, control, **kw):
@@ -170,7 +171,8 @@ def main(spec_path: str) -> None:
     save(0)  # the warm start itself, at the time trl is ready to train
     state["next_ckpt"] = time.time() - t_start + spec["ckpt_every_s"]
     trainer.train()
-    save(state["steps"])
+    if state["saved_step"] != state["steps"]:
+        save(state["steps"])
     rusage = resource.getrusage(resource.RUSAGE_SELF)
     result = {"trl": trl.__version__, "torch": torch.__version__, "steps": state["steps"],
               "gen_tokens": state["gen_tokens"], "gen_s": state["gen_s"], "trained_tokens": state["trained_tokens"],

@@ -7,7 +7,7 @@ the tasks ``agentrl train`` withholds from training, which the trl side withhold
 greedy transformers loop over the agentrl env itself. Both frameworks' checkpoints are scored after their runs, by
 the same process, so scoring never competes with training for the 2 cores and costs neither side wall time.
 
-The pure part (:func:`crossing_time`, :func:`success_at`, :func:`curve`, :func:`ratio`) turns timestamped scores into
+The pure part (:func:`crossing_time`, :func:`success_at`, :func:`cpu_at`, :func:`curve`, :func:`ratio`) turns timestamped scores into
 the table's figures; ``tests/controller/test_bench_vs_trl.py`` covers it without trl installed.
 """
 
@@ -136,6 +136,20 @@ def success_at(points: Sequence[tuple[float, float]], t: float) -> float | None:
             break
         best = s
     return best
+
+
+def cpu_at(timeline: Sequence[tuple[float, float]], t: float | None) -> float | None:
+    """The CPU seconds a run had used by wall time ``t``, interpolated in its ``(wall, cpu)`` samples (the last
+    sample's CPU past its end); None for ``t`` None or no samples."""
+    if t is None or not timeline:
+        return None
+    pts = curve(timeline)
+    if t <= pts[0][0]:
+        return pts[0][1] * (t / pts[0][0]) if pts[0][0] > 0 else pts[0][1]
+    for (t1, c1), (t2, c2) in zip(pts, pts[1:]):
+        if t1 <= t <= t2:
+            return c1 + (c2 - c1) * ((t - t1) / (t2 - t1) if t2 > t1 else 0.0)
+    return pts[-1][1]
 
 
 def ratio(trl_s: float | None, agentrl_s: float | None) -> float | None:

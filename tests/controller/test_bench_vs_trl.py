@@ -38,6 +38,14 @@ def test_success_at_equal_wall_time_is_the_newest_checkpoint_scored_by_then():
     assert common.success_at(pts, 1e9) == 0.3  # the last one shown, not the best
 
 
+def test_cpu_at_interpolates_the_runs_cpu_samples():
+    timeline = [(0.0, 0.0), (10.0, 15.0), (20.0, 35.0)]
+    assert common.cpu_at(timeline, 5.0) == 7.5
+    assert common.cpu_at(timeline, 15.0) == 25.0
+    assert common.cpu_at(timeline, 99.0) == 35.0  # past the last sample: what it had used by then
+    assert common.cpu_at(timeline, None) is None and common.cpu_at([], 3.0) is None
+
+
 def test_ratio_and_mean_say_none_when_a_run_never_got_there():
     assert common.ratio(300.0, 100.0) == 3.0
     assert common.ratio(None, 100.0) is None and common.ratio(300.0, None) is None
@@ -48,6 +56,7 @@ def test_ratio_and_mean_say_none_when_a_run_never_got_there():
 def test_summary_ratio_is_trl_time_over_agentrl_time_at_the_same_threshold():
     def run(mode, seed, points):
         return {"mode": mode, "seed": seed, "points": points, "cpu_s": 200.0, "wall_s": 100.0,
+                "cpu_timeline": [(0.0, 0.0), (300.0, 600.0)],
                 "peak_rss_mib": 1.0, "load_min": 0.0, "load_max": 1.0, "load_mean": 0.5}
 
     runs = [run("agentrl-async", 0, [(50.0, 0.6)]), run("agentrl-async", 1, [(70.0, 0.6)]),
