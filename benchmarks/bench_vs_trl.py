@@ -177,9 +177,11 @@ def run_for(cmd: list[str], budget_s: float, log: Path, env: dict | None = None)
     with open(log, "ab") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         watch = Watcher(proc.pid)
+        at_budget = False
         try:
             rc = proc.wait(timeout=budget_s)
         except subprocess.TimeoutExpired:
+            at_budget = True
             os.killpg(proc.pid, signal.SIGTERM)
             try:
                 rc = proc.wait(timeout=30)
@@ -193,7 +195,8 @@ def run_for(cmd: list[str], budget_s: float, log: Path, env: dict | None = None)
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-    return {"t0": t0, "wall_s": time.time() - t0, "rc": rc, "cmd": " ".join(cmd), **watch.stop()}
+    return {"t0": t0, "wall_s": time.time() - t0, "rc": rc, "stopped_at_budget": at_budget, "cmd": " ".join(cmd),
+            **watch.stop()}
 
 
 # ------------------------------------------------------------------------------------------------------- runs
@@ -294,6 +297,7 @@ def summarise(runs: list[dict], ws_score: float, threshold: float, budget_s: flo
         cross = [common.crossing_time(r["points"], threshold) for r in rs]
         by_mode[mode] = {
             "seeds": [r["seed"] for r in rs],
+            "ended": ["budget" if r.get("stopped_at_budget") else f"exit {r.get('rc')}" for r in rs],
             "time_to_threshold_s": cross,
             "cpu_to_threshold_s": [common.cpu_at(r.get("cpu_timeline", []), c) for c, r in zip(cross, rs)],
             "mean_time_to_threshold_s": common.mean(cross),
@@ -328,7 +332,8 @@ def plot(task: str, runs: list[dict], ws_score: float, threshold: float, path: P
         cpu = [common.cpu_at(r.get("cpu_timeline", []), t) for t, _ in pts]
         cx.plot([c / 60 if c is not None else float("nan") for c in cpu], [s for _, s in pts], **style)
     for a_, what in ((ax, "wall time"), (cx, "CPU time of the run's process tree")):
-        a_.axhline(threshold, color="grey", linewidth=0.8, linestyle=":", label=f"threshold {threshold:.3f}")
+        if threshold is not None:
+            a_.axhline(threshold, color="grey", linewidth=0.8, linestyle=":", label=f"threshold {threshold:.3f}")
         a_.set_xlabel(f"{what} since process start (min)")
     ax.set_ylabel("held-out success (greedy, shared scorer)")
     ax.set_title(f"{task}: agentrl vs trl from one warm start, one run at a time")
@@ -342,15 +347,15 @@ def table(task: str, s: dict) -> str:
     def f(v, fmt="{:.0f}"):
         return "—" if v is None else fmt.format(v)
 
-    lines = [f"**{task}** — threshold {s['threshold']:.3f} (warm start {s['warm_start_success']:.3f}), budget "
+    lines = [f"**{task}** — threshold {f(s['threshold'], '{:.3f}')} (warm start {s['warm_start_success']:.3f}), budget "
              f"{s['budget_s']:.0f} s per run", "",
-             "| framework | seed | wall s to threshold | CPU s to threshold | success at budget / at half | best | "
+             "| framework | seed | ended | wall s to threshold | CPU s to threshold | success at budget / at half | best | "
              "steps | gen tok/s | trainer tok/s | peak RSS MiB | CPU s (run) | load min–max |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for mode, m in s["modes"].items():
         for i, seed in enumerate(m["seeds"]):
             lines.append(
-                f"| {mode} | {seed} | {f(m['time_to_threshold_s'][i])} | {f(m['cpu_to_threshold_s'][i])} | "
+                f"| {mode} | {seed} | {m['ended'][i]} | {f(m['time_to_threshold_s'][i])} | {f(m['cpu_to_threshold_s'][i])} | "
                 f"{f(m['success_at_budget'][i], '{:.3f}')} / {f(m['success_at_half_budget'][i], '{:.3f}')} | "
                 f"{m['best_success'][i]:.3f} | {f(m['steps'][i])} | {f(m['gen_tokens_per_s'][i])} | "
                 f"{f(m['trainer_tokens_per_s'][i])} | {m['peak_rss_mib'][i]:.0f} | {m['cpu_s'][i]:.0f} | "
@@ -409,7 +414,7 @@ def main() -> None:
         for r in runs:
             r["points"] = [(t, scores[d]["success"]) for t, d, _ in r["checkpoints"]]
         best = max([s for r in runs for _, s in r["points"]] or [ws_score])
-        threshold = a.threshold if a.threshold is not None else round(ws_score + 0.5 * (best - ws_score), 3)
+        threshold = a.threshold if a.threshold is not None else common.default_threshold(ws_score, best)
         summary = summarise(runs, ws_score, threshold, a.budget_s)
         summary["heldout"] = {"episodes": len(seeds), "distinct_tasks": distinct,
                               "scored_distinct": scores[str(ws_model)]["distinct_tasks"]}

@@ -119,8 +119,11 @@ def curve(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
                   key=lambda p: p[0])
 
 
-def crossing_time(points: Sequence[tuple[float, float]], threshold: float) -> float | None:
-    """The first time at which a scored checkpoint reaches ``success >= threshold``, or None if none does."""
+def crossing_time(points: Sequence[tuple[float, float]], threshold: float | None) -> float | None:
+    """The first time at which a scored checkpoint reaches ``success >= threshold``, or None if none does (or
+    there is no threshold: no run beat the warm start)."""
+    if threshold is None:
+        return None
     for t, s in curve(points):
         if s >= threshold:
             return t
@@ -164,3 +167,11 @@ def mean(values: Sequence[float | None]) -> float | None:
     if not values or any(v is None for v in values):
         return None
     return sum(values) / len(values)  # type: ignore[arg-type]
+
+
+def default_threshold(warm_start: float, best: float) -> float | None:
+    """Halfway from the warm start's held-out success to the best any run reached; None when no run beat the warm
+    start (a threshold at the warm start would be "reached" by every run's first checkpoint)."""
+    if not best > warm_start:
+        return None
+    return round(warm_start + 0.5 * (best - warm_start), 3)

@@ -30,6 +30,12 @@ def test_crossing_time_is_the_first_checkpoint_at_or_above_the_threshold_in_time
     assert common.crossing_time([(float("nan"), 1.0), (5.0, 0.2)], 0.5) is None  # a point without a time is dropped
 
 
+def test_no_threshold_when_no_run_beat_the_warm_start():
+    assert common.default_threshold(0.30, 0.70) == 0.5
+    assert common.default_threshold(0.0, 0.0) is None and common.default_threshold(0.4, 0.3) is None
+    assert common.crossing_time([(10.0, 0.0)], None) is None  # not "reached at the first checkpoint"
+
+
 def test_success_at_equal_wall_time_is_the_newest_checkpoint_scored_by_then():
     pts = [(30.0, 0.4), (60.0, 0.55), (90.0, 0.3)]
     assert common.success_at(pts, 29.9) is None
