@@ -181,28 +181,35 @@ def demos_in_eval_set(run_dir: Path, eval_episodes: int) -> int:
 def run_one(env: str, est: str, seed: int, run_dir: Path, args: argparse.Namespace, extra: list[str],
             warm_from: Path | None) -> dict:
     """Runs one grid cell to completion (skipped when its summary.json exists); writes ``run_dir/bench.json`` with
-    the command, the load average at start and end and the wall time of the process."""
+    the command, the load average at start and end, the wall time of the process and the attempts. A process that
+    fails before its first RL step (on a loaded machine: Ray's node start times out) is started again from nothing,
+    up to ``args.retries`` times; a failure after it is the run's result."""
     if (run_dir / "summary.json").exists():
         return json.loads((run_dir / "bench.json").read_text()) if (run_dir / "bench.json").exists() else {}
-    if run_dir.exists():  # a half-finished run: start it again from nothing
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    if warm_from is not None:
-        shutil.copytree(warm_from, run_dir / "warmstart")
     cmd = ["nice", "-n", str(args.nice), *_agentrl(), "train", ENVS[env], f"run_dir={run_dir}", f"seed={seed}",
            f"trainer.seed={seed}", f"engine.seed={seed}", f"env.seed_start={seed * 100_000}",
            f"trainer.advantage.estimator={est}", f"steps={args.steps}", f"eval.every={args.eval_every}",
            f"eval.episodes={args.eval_episodes}", "progress=false", *extra]
-    load0, t0 = _loadavg(), time.perf_counter()
-    print(f"[{time.strftime('%H:%M:%S')}] start {env}/{est}/seed{seed} (load {load0:.2f})", flush=True)
-    with open(run_dir.parent / f"{run_dir.name}.log", "ab") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode
-    meta = {"cmd": " ".join(cmd), "rc": rc, "process_s": time.perf_counter() - t0, "load_start": load0,
-            "load_end": _loadavg()}
+    failed_starts = []
+    for attempt in range(args.retries + 1):
+        if run_dir.exists():  # a half-finished run: start it again from nothing
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        if warm_from is not None:
+            shutil.copytree(warm_from, run_dir / "warmstart")
+        load0, t0 = _loadavg(), time.perf_counter()
+        print(f"[{time.strftime('%H:%M:%S')}] start {env}/{est}/seed{seed} (load {load0:.2f})", flush=True)
+        with open(run_dir.parent / f"{run_dir.name}.log", "ab") as log:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode
+        meta = {"cmd": " ".join(cmd), "rc": rc, "process_s": time.perf_counter() - t0, "load_start": load0,
+                "load_end": _loadavg(), "failed_starts": failed_starts}
+        print(f"[{time.strftime('%H:%M:%S')}] end {env}/{est}/seed{seed} rc {rc} in {meta['process_s']:.0f} s "
+              f"(load {meta['load_end']:.2f})", flush=True)
+        if rc == 0 or (run_dir / "metrics.jsonl").exists():
+            break
+        failed_starts.append({"rc": rc, "process_s": meta["process_s"], "load_start": load0})
     (run_dir / "bench.json").write_text(json.dumps(meta, indent=2))
-    print(f"[{time.strftime('%H:%M:%S')}] end {env}/{est}/seed{seed} rc {rc} in {meta['process_s']:.0f} s "
-          f"(load {meta['load_end']:.2f})", flush=True)
     return meta
 
 
@@ -297,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gain", type=float, default=0.1, help="threshold = mean success at step 0 + gain")
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--nice", type=int, default=5)
+    ap.add_argument("--retries", type=int, default=2, help="restarts of a run that failed before its first step")
     ap.add_argument("--warm-start", action="append", default=[], metavar="ENV=RUN_DIR",
                     help="reuse RUN_DIR/warmstart for ENV (refused if its demonstrations met this held-out set)")
     ap.add_argument("--report-only", action="store_true")
