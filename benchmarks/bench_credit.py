@@ -113,6 +113,46 @@ def aggregate(runs: list[dict], gain: float) -> dict[str, dict[str, dict]]:
     return out
 
 
+def step_group_stats(trajectories: list[dict]) -> dict[str, int]:
+    """What gigpo's step level can use in logged trajectories (``trajectories.jsonl`` records' ``trajectory``):
+    ``turns``; ``keyed`` (turns with a state key); ``grouped`` (turns whose state another turn of the same group,
+    trained at the same step, also acted from: a step group of two or more); ``with_signal`` (grouped turns whose
+    step group's undiscounted returns-to-go are not all equal, so the step-level advantage is not zero)."""
+    groups: dict[tuple, list[dict]] = {}
+    for t in trajectories:
+        groups.setdefault((t.get("_step"), t["group_id"]), []).append(t)
+    out = {"turns": 0, "keyed": 0, "grouped": 0, "with_signal": 0}
+    for members in groups.values():
+        by_key: dict[str, list[float]] = {}
+        for t in members:
+            rewards = [float(r) for r in t.get("rewards") or []]
+            keys = (t.get("info") or {}).get("state_keys") or []
+            out["turns"] += len(rewards)
+            for k in range(len(rewards)):
+                key = keys[k] if k < len(keys) else None
+                if key is not None:
+                    out["keyed"] += 1
+                    by_key.setdefault(json.dumps(key, sort_keys=True), []).append(sum(rewards[k:]))
+        for rets in by_key.values():
+            if len(rets) >= 2:
+                out["grouped"] += len(rets)
+                out["with_signal"] += len(rets) * (max(rets) > min(rets))
+    return out
+
+
+def read_trajectories(run_dir: Path) -> list[dict]:
+    """The trained trajectories a run logged, each tagged with its step (``_step``)."""
+    path, out = run_dir / "trajectories.jsonl", []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            out.append({**rec["trajectory"], "_step": rec.get("step")})
+    return out
+
+
 def _pm(ms: tuple[float, float]) -> str:
     return "n/a" if math.isnan(ms[0]) else f"{ms[0]:.3f} ± {ms[1]:.3f}"
 
@@ -287,6 +327,7 @@ def collect(out: Path, envs: list[str]) -> tuple[list[dict], dict[str, int]]:
                          "points": curve(s, rows, int(s.get("steps", len(rows)))), "wall_s": s.get("rl_wall_s"),
                          "eval_before": s.get("eval_before"), "eval_after": s.get("eval_after"),
                          "nonfinite_loss_steps": sum(1 for r in rows if not math.isfinite(r.get("loss", 0.0))),
+                         "step_groups": step_group_stats(read_trajectories(d)),
                          **{k: meta.get(k) for k in ("cmd", "load_start", "load_end", "process_s")}})
             tasks[env] = int((s.get("eval_after") or s.get("eval_before") or {}).get("tasks", 0))
     return runs, tasks

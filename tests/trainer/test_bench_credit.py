@@ -84,3 +84,19 @@ def test_collect_report_and_plot_from_run_directories(bench, tmp_path):
     assert "| tooluse | gigpo | 1 | 64 |" in text and "≥ 0.350: 4" in text
     png = bench.plot(agg, tmp_path / "credit.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_step_group_stats_counts_what_gigpo_can_compare(bench):
+    def traj(group, rewards, keys, step=1):
+        return {"group_id": group, "rewards": rewards, "info": {"state_keys": keys}, "_step": step}
+
+    trajs = [
+        traj("a", [0.0, 1.0], ["s", "x"]),         # from s: return 1; from x: 1
+        traj("a", [0.0, 0.0, 0.0], ["s", "x", "y"]),  # from s: 0; from x: 0; y alone
+        traj("a", [1.0], ["s", "end"]),            # from s: 1 (the extra terminal key is not a turn)
+        traj("b", [0.0], ["s"]),                   # another group: never compared with group a
+        traj("a", [0.0], [None], step=2),          # the same group id at another step: its own batch, no key
+    ]
+    assert bench.step_group_stats(trajs) == {"turns": 8, "keyed": 7, "grouped": 5, "with_signal": 5}
+    same = [traj("c", [1.0], ["s"]), traj("c", [1.0], ["s"])]
+    assert bench.step_group_stats(same) == {"turns": 2, "keyed": 2, "grouped": 2, "with_signal": 0}
