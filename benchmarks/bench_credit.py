@@ -226,6 +226,21 @@ def run_one(env: str, est: str, seed: int, run_dir: Path, args: argparse.Namespa
     up to ``args.retries`` times; a failure after it is the run's result."""
     if (run_dir / "summary.json").exists():
         return json.loads((run_dir / "bench.json").read_text()) if (run_dir / "bench.json").exists() else {}
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    claim = run_dir.parent / f"{run_dir.name}.claim"  # two grid processes on one OUT never run one cell twice
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        print(f"skip {env}/{est}/seed{seed}: {claim} exists (another grid process runs it)", flush=True)
+        return {}
+    try:
+        return _run_claimed(env, est, seed, run_dir, args, extra, warm_from)
+    finally:
+        claim.unlink()
+
+
+def _run_claimed(env: str, est: str, seed: int, run_dir: Path, args: argparse.Namespace, extra: list[str],
+                 warm_from: Path | None) -> dict:
     cmd = ["nice", "-n", str(args.nice), *_agentrl(), "train", ENVS[env], f"run_dir={run_dir}", f"seed={seed}",
            f"trainer.seed={seed}", f"engine.seed={seed}", f"env.seed_start={seed * 100_000}",
            f"trainer.advantage.estimator={est}", f"steps={args.steps}", f"eval.every={args.eval_every}",

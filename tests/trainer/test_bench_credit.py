@@ -100,3 +100,15 @@ def test_step_group_stats_counts_what_gigpo_can_compare(bench):
     assert bench.step_group_stats(trajs) == {"turns": 8, "keyed": 7, "grouped": 5, "with_signal": 5}
     same = [traj("c", [1.0], ["s"]), traj("c", [1.0], ["s"])]
     assert bench.step_group_stats(same) == {"turns": 2, "keyed": 2, "grouped": 2, "with_signal": 0}
+
+
+def test_a_claimed_cell_is_left_to_the_process_that_claimed_it(bench, tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(bench, "_run_claimed", lambda *a: ran.append(a[:3]) or {"rc": 0})
+    run_dir = tmp_path / "lake" / "gigpo-seed1"
+    (tmp_path / "lake").mkdir()
+    (tmp_path / "lake" / "gigpo-seed1.claim").touch()  # another grid process holds it
+    assert bench.run_one("lake", "gigpo", 1, run_dir, None, [], None) == {} and ran == []
+    (tmp_path / "lake" / "gigpo-seed1.claim").unlink()
+    assert bench.run_one("lake", "gigpo", 1, run_dir, None, [], None) == {"rc": 0}
+    assert ran == [("lake", "gigpo", 1)] and not (tmp_path / "lake" / "gigpo-seed1.claim").exists()
