@@ -109,6 +109,9 @@ def aggregate(runs: list[dict], gain: float) -> dict[str, dict[str, dict]]:
                 "before": mean_sd(before), "after": mean_sd(after), "gain": mean_sd(gains),
                 "first_step_reaching": [first_reaching(r["points"], threshold) for r in rs],
                 "wall_s": [r.get("wall_s") for r in rs],
+                "adv_std": mean_sd([r["mean_train/adv/std"] for r in rs if r.get("mean_train/adv/std") is not None]),
+                "step_groups": {k: sum((r.get("step_groups") or {}).get(k, 0) for r in rs)
+                                for k in ("turns", "keyed", "grouped", "with_signal")},
             }
     return out
 
@@ -157,17 +160,25 @@ def _pm(ms: tuple[float, float]) -> str:
     return "n/a" if math.isnan(ms[0]) else f"{ms[0]:.3f} ± {ms[1]:.3f}"
 
 
+def _share(sg: dict[str, int]) -> str:
+    if not sg.get("turns"):
+        return "n/a"
+    return f"{sg['grouped'] / sg['turns']:.2f} / {sg['with_signal'] / sg['turns']:.2f}"
+
+
 def table(agg: dict[str, dict[str, dict]], tasks: dict[str, int]) -> str:
     """The markdown table: one row per (env, estimator)."""
     lines = ["| env | estimator | seeds | held-out tasks | success before RL | after RL | gain | first step ≥ threshold "
-             "(per seed) | RL phase wall, mean |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "(per seed) | RL phase wall, mean | advantage sd per step, mean | turns in a step group / with unequal "
+             "returns |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for env, ests in agg.items():
         for est, st in ests.items():
             walls = [w for w in st["wall_s"] if w is not None]
             wall = f"{sum(walls) / len(walls) / 60:.1f} min" if walls else "n/a"
             first = ", ".join("never" if s is None else str(s) for s in st["first_step_reaching"])
             lines.append(f"| {env} | {est} | {len(st['seeds'])} | {tasks.get(env, '?')} | {_pm(st['before'])} | "
-                         f"**{_pm(st['after'])}** | {_pm(st['gain'])} | ≥ {st['threshold']:.3f}: {first} | {wall} |")
+                         f"**{_pm(st['after'])}** | {_pm(st['gain'])} | ≥ {st['threshold']:.3f}: {first} | {wall} | "
+                         f"{_pm(st['adv_std'])} | {_share(st['step_groups'])} |")
     return "\n".join(lines)
 
 
@@ -326,6 +337,11 @@ def run_grid(args: argparse.Namespace, extra: list[str]) -> None:
         t.join()
 
 
+def _row_mean(rows: list[dict], key: str) -> float | None:
+    vals = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return sum(vals) / len(vals) if vals else None
+
+
 def collect(out: Path, envs: list[str]) -> tuple[list[dict], dict[str, int]]:
     """Every finished cell under ``out`` (``env/estimator-seedN/summary.json``) as a run dict for :func:`aggregate`,
     and the number of distinct held-out tasks per env."""
@@ -341,7 +357,10 @@ def collect(out: Path, envs: list[str]) -> tuple[list[dict], dict[str, int]]:
             runs.append({"env": env, "estimator": est, "seed": int(seed), "run_dir": str(d),
                          "points": curve(s, rows, int(s.get("steps", len(rows)))), "wall_s": s.get("rl_wall_s"),
                          "eval_before": s.get("eval_before"), "eval_after": s.get("eval_after"),
-                         "nonfinite_loss_steps": sum(1 for r in rows if not math.isfinite(r.get("loss", 0.0))),
+                         "nonfinite_steps": sum(1 for r in rows if not all(
+                             math.isfinite(r.get(k, 0.0)) for k in ("train/loss", "train/grad_norm"))),
+                         **{f"mean_{k}": _row_mean(rows, k) for k in (
+                             "train/adv/std", "train/adv/zero_frac", "train/grad_norm", "train/entropy", "reward")},
                          "step_groups": step_group_stats(read_trajectories(d)),
                          **{k: meta.get(k) for k in ("cmd", "load_start", "load_end", "process_s")}})
             tasks[env] = int((s.get("eval_after") or s.get("eval_before") or {}).get("tasks", 0))

@@ -69,14 +69,16 @@ def test_collect_report_and_plot_from_run_directories(bench, tmp_path):
             "steps": 4, "rl_wall_s": 120.0,
             "eval_before": {"success": 0.25, "tasks": 64.0}, "eval_after": {"success": after, "tasks": 64.0}}))
         (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
-            {"step": 1, "loss": 0.1}, {"step": 2, "loss": float("nan"), "eval/success": 0.3}, {"step": 3}, {"step": 4})))
+            {"step": 1, "train/loss": 0.1, "train/adv/std": 1.0}, {"step": 2, "train/loss": float("nan"), "eval/success": 0.3},
+            {"step": 3, "train/adv/std": 0.5}, {"step": 4})))
         (d / "bench.json").write_text(json.dumps({"cmd": "agentrl train ...", "load_start": 1.0, "load_end": 2.0}))
     (tmp_path / "tooluse" / "gigpo-seed1").mkdir()  # unfinished: no summary.json, left out
     runs, tasks = bench.collect(tmp_path, ["tooluse"])
     assert tasks == {"tooluse": 64}
     assert sorted((r["estimator"], r["seed"]) for r in runs) == [("gigpo", 0), ("grpo", 0), ("grpo", 1)]
     r = next(r for r in runs if r["estimator"] == "gigpo")
-    assert r["points"] == [(0, 0.25), (2, 0.3), (4, 0.9)] and r["nonfinite_loss_steps"] == 1
+    assert r["points"] == [(0, 0.25), (2, 0.3), (4, 0.9)] and r["nonfinite_steps"] == 1
+    assert r["mean_train/adv/std"] == 0.75 and r["mean_train/grad_norm"] is None
     assert r["load_start"] == 1.0 and r["load_end"] == 2.0
     agg = bench.aggregate(runs, gain=0.1)
     text = bench.table(agg, tasks)
