@@ -73,6 +73,7 @@ class FrozenLakeEnv(Env):
     - **Invalid action** (anything that is not one of the four moves): the observation says so and repeats the
       board, reward ``invalid_reward`` (default 0.0), the position does not change and the episode continues.
       Walking into the edge is a valid move that leaves the position unchanged.
+    - **State key** (``info["state_key"]``, for ``gigpo``'s step groups): the player's cell as ``"row,col"``.
     - **Randomness** (all from ``self.np_random``): start, goal (Manhattan distance at least ``min(size, 3) - 1``),
       holes (each other cell with probability ``hole_prob``; a hole-free path always exists), and with
       ``slip_prob > 0`` the chance that a move goes sideways instead.
@@ -158,7 +159,9 @@ class FrozenLakeEnv(Env):
         self.player, self.goal, self.holes = start, goal, holes
 
     def _info(self, won: bool, invalid: bool) -> dict[str, Any]:
-        return {"position": self.player, "goal": self.goal, "won": won, "invalid_action": invalid}
+        # The board is the task's, the same for every episode of a group: the cell alone names the state.
+        return {"position": self.player, "goal": self.goal, "won": won, "invalid_action": invalid,
+                "state_key": "%d,%d" % self.player}
 
     @staticmethod
     def _reply(text: str) -> list[Message]:

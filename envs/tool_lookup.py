@@ -77,7 +77,9 @@ class ToolLookupEnv(Env):
       give a tool message starting with ``error:``; a message with neither a call nor an answer gives a user
       message explaining the format. The episode continues in both cases.
     - **Info** (every step): ``correct``, ``invalid_action`` (this step), ``tool_calls`` (this step),
-      ``invalid_actions`` and ``parse_errors`` (malformed calls) counted over the episode so far, ``task``.
+      ``invalid_actions`` and ``parse_errors`` (malformed calls) counted over the episode so far, ``task``, and
+      ``state_key`` (also in ``reset``'s info, for ``gigpo``'s step groups): the sorted tool results the episode
+      has obtained so far (failed calls add nothing), as JSON text: what the policy knows is the state.
     - **Termination**: on the final answer. **Truncation**: never by the env; the registered id
       ``agentrl/ToolLookup-v0`` has a ``TimeLimit`` of 5 steps (the longest task needs 3).
     """
@@ -101,6 +103,7 @@ class ToolLookupEnv(Env):
         self.task, self.question, self.answer = "", "", ""
         self.done = False
         self.invalid_actions = self.parse_errors = 0
+        self.facts: set[str] = set()
         self.toolset = ToolSet([
             Tool(
                 name="lookup",
@@ -140,8 +143,10 @@ class ToolLookupEnv(Env):
         self.question = QUESTIONS[self.task].format(name=who, years=years)
         self.done = False
         self.invalid_actions = self.parse_errors = 0
+        self.facts = set()
         obs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": self.question}]
-        return obs, {"tools": self.tool_schemas(), "question": self.question, "task": self.task}
+        return obs, {"tools": self.tool_schemas(), "question": self.question, "task": self.task,
+                     "state_key": self._state_key()}
 
     def task_key(self, seed: int) -> str:
         """The question and the hidden table ``reset(seed=seed)`` draws."""
@@ -166,6 +171,8 @@ class ToolLookupEnv(Env):
                    "or answer with <answer>...</answer>.")
             return [{"role": "user", "content": msg}], self.invalid_reward, False, False, self._info(False, True, 0)
         out, invalid = run_tool_calls(self.toolset, parsed, self.max_calls_per_turn)
+        self.facts.update(f"{m['name']}: {m['content']}" for m in out
+                          if "name" in m and not str(m["content"]).startswith("error:"))
         self.parse_errors += len(parsed.errors)
         reward = self.invalid_reward if invalid else 0.0
         return out, reward, False, False, self._info(False, invalid, len(parsed.calls))
@@ -178,7 +185,11 @@ class ToolLookupEnv(Env):
     def _info(self, correct: bool, invalid: bool, calls: int) -> dict[str, Any]:
         self.invalid_actions += invalid
         return {"correct": correct, "invalid_action": invalid, "tool_calls": calls,
-                "invalid_actions": self.invalid_actions, "parse_errors": self.parse_errors, "task": self.task}
+                "invalid_actions": self.invalid_actions, "parse_errors": self.parse_errors, "task": self.task,
+                "state_key": self._state_key()}
+
+    def _state_key(self) -> str:
+        return json.dumps(sorted(self.facts))
 
     @staticmethod
     def solve(conversation: list[Message]) -> str:

@@ -112,3 +112,15 @@ def test_constructor_rejects_bad_config():
         FrozenLakeEnv(hole_prob=1.0)
     with pytest.raises(ValueError, match="slip_prob"):
         agentrl.make("agentrl/FrozenLake-v0", slip_prob=2.0)
+
+
+def test_state_key_is_the_position_on_the_board():
+    """gigpo's step groups: two episodes of one board are in the same state exactly when the player stands on the
+    same cell (the board is the task's, shared by the group); an invalid move or the edge leaves the key alone."""
+    env = FrozenLakeEnv(size=4, hole_prob=0.0)
+    _, info = env.reset(seed=3)
+    start = info["state_key"]
+    assert isinstance(start, str) and start == "%d,%d" % info["position"]
+    _place(env, (1, 1), (3, 3))
+    keys = [env.step(a)[4]["state_key"] for a in ("right", "left", "nonsense", "up", "up")]
+    assert keys == ["1,2", "1,1", "1,1", "0,1", "0,1"]

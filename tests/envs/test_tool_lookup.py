@@ -191,3 +191,22 @@ def test_noisy_demonstrations_are_mediocre():
         meta = type("Meta", (), {"trajectory_id": f"t{i}"})()
         wins += play_episode(env, lambda c: act(c, meta), seed=i).total_reward > 0
     assert 0.3 < wins / 200 < 0.7
+
+
+def test_state_key_is_what_the_tools_have_told_so_far():
+    """gigpo's step groups: the state is the set of tool results the episode has obtained (failed calls change
+    nothing), so two episodes that looked the person up, in any wording of the call, share the state after it."""
+    keys = []
+    for wording in ("{name}", "{lower}"):
+        env = _env("age_in", seed=5)
+        _, info = env.reset(seed=5)
+        start = info["state_key"]
+        who = _asked(env)
+        age = env.table[who.lower()][0]
+        bad = env.step(format_tool_call("lookup", {"name": "Nobody"}))[4]["state_key"]
+        looked = env.step(format_tool_call("lookup", {"name": wording.format(name=who, lower=who.lower())}))[4]
+        years = int(env.question.split(" in ")[1].split()[0])
+        calc = env.step(format_tool_call("calculator", {"expression": f"{age} + {years}"}))[4]["state_key"]
+        assert bad == start and looked["state_key"] not in (start, calc) and who in looked["state_key"]
+        keys.append((start, looked["state_key"], calc))
+    assert keys[0] == keys[1]
