@@ -346,9 +346,8 @@ class Gateway(SessionRoutes):
             self.response_log.remember(rid, done, req.messages)
             return response_body(done, req, rid, raw.get("previous_response_id"))
 
-        previous = raw.get("previous_response_id")
-        return await self._serve(request, req, lambda: ResponsesWriter(lambda: response_skeleton(req, rid, previous),
-                                                                       body, rid), body, notes, owner=owner)
+        skeleton = response_skeleton(req, rid, raw.get("previous_response_id"))
+        return await self._serve(request, req, lambda: ResponsesWriter(skeleton, body, rid), body, notes, owner=owner)
 
     async def _serve(self, request: web.Request, req: ChatRequest | CompletionRequest,
                      writer: Callable[[], Writer], body: Callable[[Completion], dict[str, Any]],
@@ -363,22 +362,17 @@ class Gateway(SessionRoutes):
             raise bad("previous_response_id", f"the previous response belongs to session {owner!r}, not to this "
                                               f"request's session {session.id!r}", "wrong_session")
         chat = isinstance(req, ChatRequest)
-
-        def run(live: LiveRequest | None) -> Any:
-            work = session.chat(req, live) if isinstance(req, ChatRequest) else session.complete(req, live)
-            return self._forget_on_failure(session, work)
+        run = (lambda live: self._forget_on_failure(  # type: ignore[arg-type]
+            session, session.chat(req, live) if chat else session.complete(req, live)))
         # notes quote client-sent names: printable ASCII only, so a header cannot be split or refused
         headers = {"X-Agentrl-Note": "".join(ch if " " <= ch <= "~" else "?" for ch in "; ".join(notes))} \
             if notes else {}
         if req.stream:
-            live = LiveRequest(self.renderer, chat, req.tools if chat else None,
-                               req.tool_choice if chat else "none", self._stream_mismatch)
+            live = LiveRequest(self.renderer, chat, req.tools if chat else None, req.tool_choice if chat else "none",
+                               lambda why: self.errors.update(stream_mismatch=self.errors.get("stream_mismatch", 0) + 1))
             return await stream_live(request, run, live, writer(), keepalive_s=self.cfg.keepalive_s,
                                      on_hang_up=self._hung_up, headers=headers)
         return web.json_response(body(await run(None)), headers=headers)
-
-    def _stream_mismatch(self, why: str) -> None:
-        self.errors["stream_mismatch"] = self.errors.get("stream_mismatch", 0) + 1
 
     async def _forget_on_failure(self, session: Session, work: Any) -> Completion:
         """Awaits a session request; a failure leaves no session that served nothing (so failing requests cannot

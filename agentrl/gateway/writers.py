@@ -154,13 +154,12 @@ class MessagesWriter:
 
 
 class ResponsesWriter:
-    """OpenAI Responses' stream (one choice). ``skeleton()``: the Response before any output; ``body(done)``: the
+    """OpenAI Responses' stream (one choice). ``skeleton``: the Response before any output; ``body(done)``: the
     whole Response (it also remembers it for ``previous_response_id``)."""
 
     keepalive = b": keep-alive\n\n"
 
-    def __init__(self, skeleton: Callable[[], dict[str, Any]], body: Callable[[Completion], dict[str, Any]],
-                 rid: str):
+    def __init__(self, skeleton: dict[str, Any], body: Callable[[Completion], dict[str, Any]], rid: str):
         self.skeleton, self.body, self.rid = skeleton, body, rid.removeprefix("resp_")
         self.seq = 0
         self.b = _Blocks()
@@ -175,7 +174,7 @@ class ResponsesWriter:
         return sse(e.body())  # the openai client raises an error body's message mid-stream
 
     def start(self, prompt_tokens: int) -> list[bytes]:
-        start = {**self.skeleton(), "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+        start = {**self.skeleton, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
         return [self._emit("response.created", response=start), self._emit("response.in_progress", response=start)]
 
     def _item_id(self, kind: str) -> str:
