@@ -161,7 +161,7 @@ async def test_streams_token_by_token_across_a_weight_update_and_a_hang_up(vllm,
             stream=True, extra_headers={"X-Agentrl-Session": "greedy"}, **kw) for d in ch.choices])
         assert text == whole.message.content and text
         a, b = (gw.store.sessions[s].token_record() for s in ("whole", "greedy"))
-        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+        assert a.token_ids == b.token_ids and max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < TOL
 
         # a weight update lands while the stream is under way
         v0 = vllm.version
