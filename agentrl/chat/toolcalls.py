@@ -146,13 +146,21 @@ class VLLMTurnParser:
         # vLLM's parsers drop a broken call silently (or return it as content).
         self.call_pattern = re.compile(call_pattern) if call_pattern else None
         self._parser: Any = None
+        self._requests: dict[str, Any] = {}
 
     def _request(self, tools: list[dict] | None) -> Any:
+        """vLLM's request object for ``tools``, built once per tool set (the gateway's live streaming parses a turn
+        at every step, and building one costs more than the parse)."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-        return ChatCompletionRequest(messages=[{"role": "user", "content": ""}], model="agentrl",
-                                     tools=tools or None, tool_choice="auto" if tools else "none",
-                                     chat_template_kwargs=self.template_kwargs or None)
+        key = json.dumps(tools, sort_keys=True, default=str)
+        if key not in self._requests:
+            if len(self._requests) >= 16:
+                self._requests.pop(next(iter(self._requests)))
+            self._requests[key] = ChatCompletionRequest(
+                messages=[{"role": "user", "content": ""}], model="agentrl", tools=tools or None,
+                tool_choice="auto" if tools else "none", chat_template_kwargs=self.template_kwargs or None)
+        return self._requests[key]
 
     def _new_parser(self) -> Any:
         try:

@@ -13,7 +13,9 @@ request validation, error bodies), :mod:`~agentrl.gateway.planning` (segments, w
 sampling and commits), :mod:`~agentrl.gateway.store` (live sessions, bounds, metrics, the render thread),
 :mod:`~agentrl.gateway.guard` (Host, Origin, content type, timeouts; shared with the viewer),
 :mod:`~agentrl.gateway.keys` (the server key and issued session keys),
-:mod:`~agentrl.gateway.responses` (response bodies, streaming), :mod:`~agentrl.gateway.server` (aiohttp),
+:mod:`~agentrl.gateway.responses` (response bodies), :mod:`~agentrl.gateway.live` (token-by-token deltas that the
+final reading keeps), :mod:`~agentrl.gateway.streaming` (the streamed answer's loop), :mod:`~agentrl.gateway.writers`
+(each dialect's event stream), :mod:`~agentrl.gateway.server` (aiohttp),
 :mod:`~agentrl.gateway.harness` (manager integration). Standalone: ``agentrl gateway --model DIR``.
 
 Python API::

@@ -3,7 +3,8 @@
 Flow: :func:`parse_messages_request` turns a Messages body into the gateway's internal :class:`ChatRequest` (the
 same one ``/v1/chat/completions`` builds), so the request is served by the same :meth:`Session.chat`: same renderer,
 same segments, same token record (exact ids, log-probs, versions, drifts, rewards). :func:`message_body` and
-:func:`message_events` write the :class:`Completion` back as a Messages reply or its event stream.
+:class:`~agentrl.gateway.writers.MessagesWriter` write the :class:`Completion` back as a Messages reply or its
+event stream (token by token).
 
 Mapping (request -> chat messages):
 
@@ -253,29 +254,3 @@ def error_event(e: APIError) -> bytes:
 
 
 PING = event("ping", {})
-
-
-def message_events(done: Completion, model: str) -> list[bytes]:
-    """The reply as Anthropic's stream: ``message_start``, per block ``content_block_start`` / ``_delta`` (text_delta,
-    thinking_delta, input_json_delta) / ``_stop``, ``message_delta`` (stop reason, usage), ``message_stop``."""
-    body = message_body(done, model)
-    start = {**body, "content": [], "stop_reason": None, "stop_sequence": None,
-             "usage": {"input_tokens": done.prompt_tokens, "output_tokens": 0}}
-    out = [event("message_start", {"message": start})]
-    for i, b in enumerate(body["content"]):
-        if b["type"] == "text":
-            first, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": b["text"]}
-        elif b["type"] == "thinking":
-            first, delta = {"type": "thinking", "thinking": "", "signature": ""}, \
-                {"type": "thinking_delta", "thinking": b["thinking"]}
-        else:
-            first = {"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(b["input"], ensure_ascii=False)}
-        out += [event("content_block_start", {"index": i, "content_block": first}),
-                event("content_block_delta", {"index": i, "delta": delta}),
-                event("content_block_stop", {"index": i})]
-    out += [event("message_delta", {"delta": {"stop_reason": body["stop_reason"],
-                                              "stop_sequence": body["stop_sequence"]},
-                                    "usage": {"output_tokens": done.completion_tokens}}),
-            event("message_stop", {})]
-    return out

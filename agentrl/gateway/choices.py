@@ -84,6 +84,13 @@ def cut_stop(text: str, stop_reason: Any) -> str:
     return text
 
 
+def lead_trimmed(r: ChatRenderer, content: str) -> str:
+    """The tiny model's parser strips the content of a turn with tool calls: its content is sent without leading
+    whitespace either way, so that a streamed reply (which cannot know whether a call follows) and the whole reply
+    agree (:mod:`~agentrl.gateway.live`). Other families' parsers keep it."""
+    return content.lstrip() if r.family.tool_parser == "agentrl" else content
+
+
 def token_texts(r: ChatRenderer, ids: list[int], want: bool) -> list[str]:
     return [r.decode([t]) for t in ids] if want else []
 
@@ -103,7 +110,7 @@ def read_chat(r: ChatRenderer, prompt_ids: list[int], prompt_text: str, g: Gener
             msg = {"role": "assistant", "content": end.text}  # the tiny model's template reads calls from text
         content, reasoning, calls, errors = turn.content, turn.reasoning, turn.openai_tool_calls(), turn.errors
         if not calls:
-            content = cut_stop(content, g.stop_reason)
+            content = lead_trimmed(r, cut_stop(content, g.stop_reason))
     finish = "tool_calls" if calls else "length" if g.finish_reason == "length" else "stop"
     choice = Choice(i, end.text, content if content or not calls else None, reasoning, calls, finish,
                     list(g.token_ids), list(g.logprobs), list(g.versions), list(errors),

@@ -2,7 +2,7 @@
 
 Flow: :func:`parse_responses_request` turns a Responses body into the gateway's internal :class:`ChatRequest` (the
 one ``/v1/chat/completions`` builds), so it is served by the same :meth:`Session.chat`: same renderer, segments and
-token record. :func:`response_body` and :func:`response_events` write the :class:`Completion` back as a Response
+token record. :func:`response_body` (and :class:`~agentrl.gateway.writers.ResponsesWriter`, streaming) write the :class:`Completion` back as a Response
 object or its event stream; :class:`ResponseLog` keeps recent conversations for ``previous_response_id``.
 
 Mapping (request -> chat messages):
@@ -234,17 +234,22 @@ def _items(c: Choice, rid: str) -> list[dict[str, Any]]:
     return out
 
 
+def response_skeleton(req: ChatRequest, rid: str, previous: str | None) -> dict[str, Any]:
+    """The Response's fields that do not depend on its output."""
+    return {"id": rid, "object": "response", "created_at": now(), "model": req.model, "status": "in_progress",
+            "incomplete_details": None, "error": None, "output": [], "previous_response_id": previous,
+            "tools": [{"type": "function", **t["function"]} for t in req.tools or []], "tool_choice": req.tool_choice,
+            "parallel_tool_calls": True, "metadata": {}, "temperature": req.sampling.temperature,
+            "top_p": req.sampling.top_p, "max_output_tokens": req.sampling.max_tokens, "usage": None}
+
+
 def response_body(done: Completion, req: ChatRequest, rid: str, previous: str | None) -> dict[str, Any]:
     """The Response object for a request's (single) choice."""
     c = done.choices[0]
     cut = c.finish_reason == "length"
-    return {"id": rid, "object": "response", "created_at": now(), "model": req.model,
-            "status": "incomplete" if cut else "completed",
-            "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
-            "output": _items(c, rid.removeprefix("resp_")), "previous_response_id": previous,
-            "tools": [{"type": "function", **t["function"]} for t in req.tools or []], "tool_choice": req.tool_choice,
-            "parallel_tool_calls": True, "metadata": {}, "temperature": req.sampling.temperature,
-            "top_p": req.sampling.top_p, "max_output_tokens": req.sampling.max_tokens,
+    return {**response_skeleton(req, rid, previous), "status": "incomplete" if cut else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "output": _items(c, rid.removeprefix("resp_")),
             "usage": {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens,
                       "total_tokens": done.prompt_tokens + done.completion_tokens,
                       "input_tokens_details": {"cached_tokens": 0},
@@ -253,44 +258,3 @@ def response_body(done: Completion, req: ChatRequest, rid: str, previous: str | 
 
 def new_response_id() -> str:
     return "resp_" + new_id("x")[2:]
-
-
-def response_events(done: Completion, body: dict[str, Any]) -> list[bytes]:
-    """The Response as its event stream: ``response.created``, ``response.in_progress``, per output item
-    ``output_item.added``, its deltas (``output_text.delta``, ``function_call_arguments.delta``,
-    ``reasoning_summary_text.delta``) and ``output_item.done``, then ``response.completed`` (or ``.incomplete``)."""
-    seq = iter(range(1 << 30))
-    out: list[bytes] = []
-
-    def emit(kind: str, **data: Any) -> None:
-        payload = {"type": kind, "sequence_number": next(seq), **data}
-        out.append(f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode())
-
-    start = {**body, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    emit("response.created", response=start)
-    emit("response.in_progress", response=start)
-    for i, item in enumerate(body["output"]):
-        common = {"item_id": item["id"], "output_index": i}
-        if item["type"] == "message":
-            text = item["content"][0]["text"]
-            empty = {"type": "output_text", "text": "", "annotations": []}
-            emit("response.output_item.added", output_index=i, item={**item, "status": "in_progress", "content": []})
-            emit("response.content_part.added", **common, content_index=0, part=empty)
-            emit("response.output_text.delta", **common, content_index=0, delta=text, logprobs=[])
-            emit("response.output_text.done", **common, content_index=0, text=text, logprobs=[])
-            emit("response.content_part.done", **common, content_index=0, part=item["content"][0])
-        elif item["type"] == "function_call":
-            emit("response.output_item.added", output_index=i, item={**item, "status": "in_progress", "arguments": ""})
-            emit("response.function_call_arguments.delta", **common, delta=item["arguments"])
-            emit("response.function_call_arguments.done", **common, name=item["name"], arguments=item["arguments"])
-        else:
-            text = item["summary"][0]["text"]
-            part = {"type": "summary_text", "text": ""}
-            emit("response.output_item.added", output_index=i, item={**item, "summary": []})
-            emit("response.reasoning_summary_part.added", **common, summary_index=0, part=part)
-            emit("response.reasoning_summary_text.delta", **common, summary_index=0, delta=text)
-            emit("response.reasoning_summary_text.done", **common, summary_index=0, text=text)
-            emit("response.reasoning_summary_part.done", **common, summary_index=0, part={**part, "text": text})
-        emit("response.output_item.done", output_index=i, item=item)
-    emit("response.completed" if body["status"] == "completed" else "response.incomplete", response=body)
-    return out

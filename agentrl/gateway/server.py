@@ -32,7 +32,8 @@ event loop). Every failure is an OpenAI error body (``{"error": {"message", "typ
 4xx/5xx status; no request can crash the server, a failed request leaves its session as it was, and a client that
 hangs up is counted (``gateway/errors/client_disconnected``), not logged as a server error.
 
-**Streaming** and the response bodies: :mod:`~agentrl.gateway.responses`.
+**Streaming** is token by token in every dialect (:mod:`~agentrl.gateway.live`, :mod:`~agentrl.gateway.streaming`,
+:mod:`~agentrl.gateway.writers`); the response bodies: :mod:`~agentrl.gateway.responses`.
 """
 
 from __future__ import annotations
@@ -47,20 +48,22 @@ from typing import Any, Callable
 from aiohttp import web
 
 from agentrl.chat import ChatRenderer
-from agentrl.gateway.anthropic import PING, error_body, error_event, message_body, message_events, \
-    parse_messages_request
+from agentrl.gateway.anthropic import error_body, message_body, parse_messages_request
 from agentrl.gateway.choices import Completion
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.guard import HostCheck, app_runner, cross_site_problem, default_hosts, origin_allowed
 from agentrl.gateway.keys import Keys
 from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, bad, parse_chat, parse_completion, \
     parse_json
+from agentrl.gateway.live import LiveRequest
 from agentrl.gateway.responses_api import ResponseLog, new_response_id, parse_responses_request, response_body, \
-    response_events
-from agentrl.gateway.responses import chat_body, completion_body, sse_chunks, stream_response
+    response_skeleton
+from agentrl.gateway.responses import chat_body, completion_body
 from agentrl.gateway.session_api import SessionRoutes
 from agentrl.gateway.sessions import Session
 from agentrl.gateway.store import SessionStore
+from agentrl.gateway.streaming import Writer, stream_live
+from agentrl.gateway.writers import MessagesWriter, OpenAIWriter, ResponsesWriter
 from agentrl.inference.base import InferenceEngine
 from agentrl.trajectory import Trajectory
 
@@ -307,13 +310,13 @@ class Gateway(SessionRoutes):
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)  # an unauthenticated request learns nothing, not even whether its JSON is valid
         req = parse_chat(await self._body(request))
-        return await self._serve(request, req, lambda d: sse_chunks(d, req.model, req.include_usage, chat=True),
+        return await self._serve(request, req, lambda: OpenAIWriter(req.model, req.sampling.n, req.include_usage, True),
                                  lambda d: chat_body(d, req.model, req.sampling.logprobs), self._clamp(req))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)
         req = parse_completion(await self._body(request))
-        return await self._serve(request, req, lambda d: sse_chunks(d, req.model, req.include_usage, chat=False),
+        return await self._serve(request, req, lambda: OpenAIWriter(req.model, req.sampling.n, req.include_usage, False),
                                  lambda d: completion_body(d, req.model, req.sampling.logprobs), self._clamp(req))
 
     def _clamp(self, req: ChatRequest | CompletionRequest) -> list[str]:
@@ -329,8 +332,8 @@ class Gateway(SessionRoutes):
         """Anthropic's Messages (:mod:`agentrl.gateway.anthropic`), served by the same session path as chat."""
         self._auth(request)
         req, notes = parse_messages_request(await self._body(request), self.store.max_tokens)
-        return await self._serve(request, req, lambda d: message_events(d, req.model),
-                                 lambda d: message_body(d, req.model), notes, error_frame=error_event, keepalive=PING)
+        return await self._serve(request, req, lambda: MessagesWriter(req.model), lambda d: message_body(d, req.model),
+                                 notes)
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         """OpenAI's Responses (:mod:`agentrl.gateway.responses_api`), served by the same session path as chat."""
@@ -343,29 +346,33 @@ class Gateway(SessionRoutes):
             self.response_log.remember(rid, done, req.messages)
             return response_body(done, req, rid, raw.get("previous_response_id"))
 
-        return await self._serve(request, req, lambda d: response_events(d, body(d)), body, notes, owner=owner)
+        skeleton = response_skeleton(req, rid, raw.get("previous_response_id"))
+        return await self._serve(request, req, lambda: ResponsesWriter(skeleton, body, rid), body, notes, owner=owner)
 
     async def _serve(self, request: web.Request, req: ChatRequest | CompletionRequest,
-                     frames: Callable[[Completion], list[bytes]], body: Callable[[Completion], dict[str, Any]],
-                     notes: list[str] | None = None, owner: str | None = None, **stream: Any) -> web.StreamResponse:
-        """Serves a parsed request on its session, whatever the dialect: ``frames`` (streaming) or ``body`` write
-        the result in the dialect's form; ``notes`` (what the gateway changed in the request) go in a header;
-        ``owner``: the session the request's history belongs to (``previous_response_id``)."""
+                     writer: Callable[[], Writer], body: Callable[[Completion], dict[str, Any]],
+                     notes: list[str] | None = None, owner: str | None = None) -> web.StreamResponse:
+        """Serves a parsed request on its session, whatever the dialect: ``writer`` (streaming, token by token) or
+        ``body`` write the result in the dialect's form; ``notes`` (what the gateway changed in the request) go in a
+        header; ``owner``: the session the request's history belongs to (``previous_response_id``)."""
         self._check_model(req.model)
         session = self._session(request)
         if owner is not None and owner != session.id:
             self.store.forget_unused(session.id)
             raise bad("previous_response_id", f"the previous response belongs to session {owner!r}, not to this "
                                               f"request's session {session.id!r}", "wrong_session")
-        work = self._forget_on_failure(session, session.chat(req) if isinstance(req, ChatRequest)
-                                       else session.complete(req))
+        chat = isinstance(req, ChatRequest)
+        run = (lambda live: self._forget_on_failure(  # type: ignore[arg-type]
+            session, session.chat(req, live) if chat else session.complete(req, live)))
         # notes quote client-sent names: printable ASCII only, so a header cannot be split or refused
         headers = {"X-Agentrl-Note": "".join(ch if " " <= ch <= "~" else "?" for ch in "; ".join(notes))} \
             if notes else {}
         if req.stream:
-            return await stream_response(request, work, frames, keepalive_s=self.cfg.keepalive_s,
-                                         on_hang_up=self._hung_up, headers=headers, **stream)
-        return web.json_response(body(await work), headers=headers)
+            live = LiveRequest(self.renderer, chat, req.tools if chat else None, req.tool_choice if chat else "none",
+                               lambda why: self.errors.update(stream_mismatch=self.errors.get("stream_mismatch", 0) + 1))
+            return await stream_live(request, run, live, writer(), keepalive_s=self.cfg.keepalive_s,
+                                     on_hang_up=self._hung_up, headers=headers)
+        return web.json_response(body(await run(None)), headers=headers)
 
     async def _forget_on_failure(self, session: Session, work: Any) -> Completion:
         """Awaits a session request; a failure leaves no session that served nothing (so failing requests cannot

@@ -24,8 +24,10 @@ context the engine was given followed by what it sampled (and the template's clo
 ``n > 1``: all ``n`` completions are recorded and trained with the session's reward (the completion the harness
 continues gets the later turns appended; the others are segments that end there). A request that fails (bad
 input, engine error, the session ended while it was sampled) changes nothing in its session; a completion whose
-client hung up is still recorded (the engine sampled it; aiohttp does not cancel handlers on disconnect), so a
-retry of the same request is a drift, never a lost token. Ending a session aborts its engine requests in flight.
+client hung up is still recorded when it was not streamed (the engine sampled it; aiohttp does not cancel handlers on
+disconnect), so a retry of the same request is a drift, never a lost token; a streamed one is cancelled at the first
+write that finds the client gone (:mod:`~agentrl.gateway.streaming`): its engine request is aborted and nothing of
+it is recorded. Ending a session aborts its engine requests in flight.
 
 Modules: :mod:`~agentrl.gateway.planning` (segments, steps 1-2, in a worker thread), :mod:`~agentrl.gateway.choices`
 (reading generations into the client's choices), this module (sampling and the commit, on the event loop). A session
@@ -51,12 +53,15 @@ from typing import Any, Awaitable, Callable
 from agentrl.chat import ChatRenderer
 from agentrl.gateway.choices import Choice, Completion, assistant_key, read_chat, read_completion
 from agentrl.gateway.config import GatewayConfig
+from agentrl.gateway.live import LiveRequest
 from agentrl.gateway.planning import Plan, Segment, plan_chat, plan_prompt, snapshot
 from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, Sampling, bad
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.resubmit import derive_seed, generate_resubmitting
 from agentrl.policy import TokenRecord
 from agentrl.trajectory import Trajectory
+
+Live = LiveRequest | None  # a streamed request's listener (see :mod:`agentrl.gateway.live`)
 
 __all__ = ["Choice", "Completion", "Segment", "Session", "SessionContext"]
 
@@ -171,7 +176,8 @@ class Session:
             ignore_eos=s.ignore_eos,
         )
 
-    async def _sample(self, prompt: list[int], params: SamplingParams, rid: str) -> Generation:
+    async def _sample(self, prompt: list[int], params: SamplingParams, rid: str,
+                      on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
         """Returns one completion's tokens; aborted requests (weight updates in abort mode) are resubmitted with the
         tokens so far (:func:`agentrl.inference.resubmit.generate_resubmitting`, the agent loop's rule), each token
         keeping the version that produced it."""
@@ -188,11 +194,11 @@ class Session:
         out, resubmits = await generate_resubmitting(
             self.ctx.engine, prompt, params, request_id=lambda a: f"{rid}-r{a}", session_id=self.id,
             max_resubmits=self.ctx.cfg.max_resubmits, seed=lambda a: derive_seed(params.seed, rid, a),
-            closed=lambda: self.closed, on_request=track)
+            closed=lambda: self.closed, on_request=track, on_tokens=on_tokens)
         self.stats["resubmits"] += resubmits
         return out
 
-    async def _sample_n(self, plan: Plan, s: Sampling) -> tuple[list[Generation], SamplingParams]:
+    async def _sample_n(self, plan: Plan, s: Sampling, live: Live = None) -> tuple[list[Generation], SamplingParams]:
         r = self.r
         closing = len(r.closing_ids)
         limit = self.ctx.max_model_len
@@ -211,11 +217,14 @@ class Session:
                             f"{self.ctx.cfg.max_session_tokens} ({self.num_tokens} recorded, up to {need} more); end "
                             f"the session and start a new one", "session_token_limit")
         base_seed = params.seed
+        if live is not None:
+            live.started(plan.prompt_ids, plan.text, s.n, list(params.stop))
+        tell = (lambda i: (lambda ids: live.tokens(i, ids))) if live is not None else (lambda i: None)
         if s.n == 1:
-            return [await self._sample(plan.prompt_ids, params, f"gw-{self.id}-{self.requests}-0")], params
+            return [await self._sample(plan.prompt_ids, params, f"gw-{self.id}-{self.requests}-0", tell(0))], params
         tasks = [asyncio.ensure_future(self._sample(
             plan.prompt_ids, dataclasses.replace(params, seed=derive_seed(base_seed, i) if base_seed is not None else None),
-            f"gw-{self.id}-{self.requests}-{i}")) for i in range(s.n)]
+            f"gw-{self.id}-{self.requests}-{i}", tell(i))) for i in range(s.n)]
         try:
             gens = await asyncio.gather(*tasks)
         except BaseException:
@@ -226,9 +235,10 @@ class Session:
         return list(gens), params
 
     # -- requests ---------------------------------------------------------------------------------------------------
-    async def chat(self, req: ChatRequest) -> Completion:
+    async def chat(self, req: ChatRequest, live: Live = None) -> Completion:
         """Serves one chat-completions request (see the module docstring); raises :class:`APIError` for requests
-        that cannot be served (the session is then unchanged)."""
+        that cannot be served (the session is then unchanged). ``live`` (streaming) is told when sampling starts
+        and every choice's tokens as the engine produces them; the record is the same with or without it."""
         self._check_open()
         tools = req.tools
         self._begin()  # in flight from here: the session is neither expired nor forgotten while it renders
@@ -236,7 +246,7 @@ class Session:
             msgs = self._for_template(req.messages)
             plan = await self.ctx.offload(plan_chat, self.r, msgs, tools, snapshot(self.segments))
             self._check_open()
-            gens, _ = await self._sample_n(plan, req.sampling)
+            gens, _ = await self._sample_n(plan, req.sampling, live)
         finally:
             self.inflight -= 1
         self._check_open()  # ended while the engine was sampling: its trajectory is already taken
@@ -249,7 +259,7 @@ class Session:
         self.last_messages = req.messages
         return self._commit(plan, choices)
 
-    async def complete(self, req: CompletionRequest) -> Completion:
+    async def complete(self, req: CompletionRequest, live: Live = None) -> Completion:
         """Serves one completions request (text prompt or token ids), as :meth:`chat` does."""
         self._check_open()
         self._begin()
@@ -259,7 +269,7 @@ class Session:
             if vocab and any(t >= vocab for t in plan.prompt_ids):
                 raise bad("prompt", f"prompt has token ids outside the vocabulary [0, {vocab})")
             self._check_open()
-            gens, _ = await self._sample_n(plan, req.sampling)
+            gens, _ = await self._sample_n(plan, req.sampling, live)
         finally:
             self.inflight -= 1
         self._check_open()  # ended while the engine was sampling: its trajectory is already taken

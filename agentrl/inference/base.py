@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 
 @dataclass
@@ -73,6 +73,20 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def version(self) -> int:
         """The weight version new tokens are generated with."""
+
+    async def generate_streaming(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None,
+        on_tokens: Callable[[list[int]], None],
+    ) -> Generation:
+        """:meth:`generate`, telling ``on_tokens(new_ids)`` on the caller's event loop as tokens come out, in order,
+        before this returns; the ids told add up to the returned ``token_ids`` (log-probs and versions are read from
+        the returned :class:`Generation` only). This default tells the whole generation once it is done; backends
+        that see their engine's incremental output (:class:`~agentrl.inference.vllm_engine.VLLMEngine`) tell each
+        step."""
+        gen = await self.generate(prompt_ids, params, request_id=request_id, session_id=session_id)
+        if gen.token_ids:
+            on_tokens(list(gen.token_ids))
+        return gen
 
     async def abort(self, request_id: str) -> None:
         """Stops one request; its ``generate`` returns with ``finish_reason == "abort"``."""

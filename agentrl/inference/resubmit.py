@@ -44,12 +44,17 @@ async def generate_resubmitting(
     seed: Callable[[int], int | None] | None = None,
     closed: Callable[[], bool] = lambda: False,
     on_request: Callable[[str | None], None] = lambda rid: None,
+    on_tokens: Callable[[list[int]], None] | None = None,
 ) -> tuple[Generation, int]:
     """Returns the completion of ``prompt`` (at most ``params.max_tokens`` tokens) and the number of resubmits.
 
     ``request_id(attempt)`` and ``seed(attempt)`` name and seed each attempt (``seed`` None keeps
     ``params.seed``); ``on_request(rid)`` is told the request in flight (None once none is), so that the caller
-    can abort it when it closes; ``closed()`` true stops resubmitting (the aborted completion is returned)."""
+    can abort it when it closes; ``closed()`` true stops resubmitting (the aborted completion is returned).
+    ``on_tokens``: told each attempt's new ids as the engine produces them
+    (:meth:`~agentrl.inference.base.InferenceEngine.generate_streaming`); across a resubmit they continue where the
+    aborted attempt stopped, so the ids told are the completion's, in order. A piece that fails its checks has been
+    told already: the caller reports the error after what it streamed."""
     out = Generation(token_ids=[], logprobs=[], versions=[], finish_reason="length")
     for attempt in range(max_resubmits + 1):
         remaining = params.max_tokens - len(out.token_ids)
@@ -61,7 +66,11 @@ async def generate_resubmitting(
         rid = request_id(attempt)
         on_request(rid)
         try:
-            gen = await engine.generate(prompt + out.token_ids, p, request_id=rid, session_id=session_id)
+            if on_tokens is None:
+                gen = await engine.generate(prompt + out.token_ids, p, request_id=rid, session_id=session_id)
+            else:
+                gen = await engine.generate_streaming(prompt + out.token_ids, p, request_id=rid,
+                                                      session_id=session_id, on_tokens=on_tokens)
         finally:
             on_request(None)
         n = len(gen.token_ids)

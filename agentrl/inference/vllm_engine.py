@@ -26,7 +26,7 @@ import itertools
 import os
 import threading
 import time
-from typing import Any, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import WORKER_EXTENSION, EngineConfig
@@ -199,7 +199,29 @@ class VLLMEngine(InferenceEngine):
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room under max_model_len={self.max_model_len}")
         return await self._on_engine(self._generate(list(prompt_ids), params, min(params.max_tokens, room), request_id))
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int, request_id: str) -> Generation:
+    async def generate_streaming(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None,
+        on_tokens: Callable[[list[int]], None],
+    ) -> Generation:
+        """:meth:`generate`, telling ``on_tokens`` each output step's new ids as AsyncLLM yields them. The engine
+        loop hands them to the caller's loop (``call_soon_threadsafe``), which also delivers the result after the
+        last of them, so the caller sees every step before this returns."""
+        params.validate()
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room under max_model_len={self.max_model_len}")
+        loop = asyncio.get_running_loop()
+
+        def tell(ids: list[int]) -> None:
+            loop.call_soon_threadsafe(on_tokens, ids)
+
+        return await self._on_engine(self._generate(list(prompt_ids), params, min(params.max_tokens, room), request_id,
+                                                    tell))
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, max_tokens: int, request_id: str,
+                        tell: Callable[[list[int]], None] | None = None) -> Generation:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -234,6 +256,8 @@ class VLLMEngine(InferenceEngine):
                     entry = lps[i].get(tok) if i < len(lps) and lps[i] is not None else None
                     logprobs.append(float(entry.logprob) if entry is not None else float("nan"))
                 local_versions.extend([version_now] * len(new))
+                if tell is not None and new:
+                    tell(new)
                 if comp.finish_reason is not None:
                     finish, stop_reason, spans = comp.finish_reason, comp.stop_reason, comp.weight_versions
         except asyncio.CancelledError:

@@ -41,6 +41,12 @@ class Recorded(InferenceEngine):
         self.record.append((list(prompt_ids), gen))
         return gen
 
+    async def generate_streaming(self, prompt_ids, params, *, request_id, session_id=None, on_tokens):
+        gen = await self.engine.generate_streaming(prompt_ids, params, request_id=request_id, session_id=session_id,
+                                                   on_tokens=on_tokens)
+        self.record.append((list(prompt_ids), gen))
+        return gen
+
     async def update_weights(self, state_dict, version):
         await self.engine.update_weights(state_dict, version)
 
@@ -133,6 +139,73 @@ async def test_openai_client_multi_turn_tools_stream_and_not(vllm, tok, model_di
     versions = {v for v, m in zip(traj.versions, traj.loss_mask) if m}
     assert len(versions) == 2  # tokens before and after the update
     check_against_engine(traj, eng.record, trainer)
+
+
+async def test_streams_token_by_token_across_a_weight_update_and_a_hang_up(vllm, tok, model_dir, trainer):
+    """The engine's steps reach the client as it samples: the first deltas arrive before the session commits, a
+    weight update (abort mode) lands mid-stream and the stream goes on with the resubmitted request, the streamed text
+    is the one the gateway reads from the recorded tokens, and greedy streamed == greedy whole token for token; a
+    client that hangs up mid-stream aborts its engine request and leaves nothing in its session."""
+    from safetensors.torch import load_file
+
+    from agentrl.gateway.choices import read_chat
+
+    eng = Recorded(vllm)
+    msgs = [{"role": "user", "content": "Tell me a long story."}]
+    kw = dict(model="tiny", messages=msgs, max_tokens=300, temperature=0.0, extra_body={"ignore_eos": True})
+    async with Gateway(eng, tok, GatewayConfig(port=0), model_name="tiny") as gw, \
+            openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0) as c:
+        # greedy, streamed and whole: the same tokens and the same text
+        whole = (await c.chat.completions.create(extra_headers={"X-Agentrl-Session": "whole"}, **kw)).choices[0]
+        text = "".join([d.delta.content or "" async for ch in await c.chat.completions.create(
+            stream=True, extra_headers={"X-Agentrl-Session": "greedy"}, **kw) for d in ch.choices])
+        assert text == whole.message.content and text
+        a, b = (gw.store.sessions[s].token_record() for s in ("whole", "greedy"))
+        assert a.token_ids == b.token_ids and max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < TOL
+
+        # a weight update lands while the stream is under way
+        v0 = vllm.version
+        parts, committed_at_first = [], None
+        async for ch in await c.chat.completions.create(stream=True, extra_headers={"X-Agentrl-Session": "live"},
+                                                        **{**kw, "temperature": 1.0, "seed": 3}):
+            for d in ch.choices:
+                parts.append(d.delta.content or "")
+                if committed_at_first is None and "".join(parts):
+                    committed_at_first = gw.store.sessions["live"].requests
+                    await vllm.update_weights(load_file(str(model_dir / "model.safetensors")), v0 + 1,
+                                              pause_mode="abort")
+        assert committed_at_first == 0
+        s = gw.store.sessions["live"]
+        assert s.stats["resubmits"] >= 1
+        rec = s.token_record()
+        sampled = [v for v, m in zip(rec.versions, rec.loss_mask) if m]
+        assert set(sampled) == {v0, v0 + 1} and sampled == sorted(sampled) and len(sampled) == 300
+        live = [(p, g) for p, g in eng.record[2:]]
+        gen = types.SimpleNamespace(token_ids=[t for _, g in live for t in g.token_ids],
+                                    logprobs=[x for _, g in live for x in g.logprobs],
+                                    versions=[x for _, g in live for x in g.versions],
+                                    finish_reason="length", stop_reason=None)
+        choice, _ = read_chat(gw.renderer, live[0][0], gw.renderer.decode(live[0][0]), gen, None, "auto", 0, False,
+                              "x")
+        assert "".join(parts) == choice.content
+        assert "stream_mismatch" not in gw.errors
+        check_against_engine(gw.store.end("live", reward=1.0), live, trainer)  # log-probs and versions as sampled
+
+        # hanging up mid-stream: the engine request is aborted, the session keeps nothing
+        hung = asyncio.Event()
+        counted = gw._hung_up
+        gw._hung_up = lambda request: (counted(request), hung.set())
+        n_record = len(eng.record)
+        stream = await c.chat.completions.create(stream=True, extra_headers={"X-Agentrl-Session": "gone"}, **kw)
+        async for ch in stream:
+            if any(d.delta.content for d in ch.choices):
+                break
+        await stream.close()
+        await asyncio.wait_for(hung.wait(), 120)
+        assert "gone" not in gw.store.sessions and len(eng.record) == n_record  # nothing returned, nothing kept
+        r = await c.chat.completions.create(extra_headers={"X-Agentrl-Session": "gone"}, **{**kw, "max_tokens": 5})
+        assert r.usage.completion_tokens == 5 and gw.store.sessions["gone"].requests == 1
+        assert not vllm._llm.output_processor.has_unfinished_requests()
 
 
 async def test_anthropic_client_multi_turn_tools_stream_and_not(vllm, tok, trainer):

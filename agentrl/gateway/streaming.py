@@ -1,0 +1,108 @@
+"""The streamed answer to one request: the session samples, the dialect's writer sends each delta as it comes.
+
+Flow: the request's coroutine (``run(live)``, a session's ``chat`` or ``complete`` given a
+:class:`~agentrl.gateway.live.LiveRequest`) runs as a task; the live request puts ``("start", prompt_tokens)`` and
+then ``(choice, kind, text)`` deltas on a queue, and the task's end puts ``None``. Engine steps reach the queue
+before the task's result (:meth:`~agentrl.inference.base.InferenceEngine.generate_streaming`), so the last deltas
+precede the end. This loop writes what the queue holds (all of it per write), an SSE keep-alive when nothing came
+for ``keepalive_s``, and once the task is done, the rest of the final reading and the writer's closing frames.
+
+Errors: the response starts (HTTP 200, SSE headers) only when sampling starts, or after ``keepalive_s`` without it,
+so a request the gateway refuses (bad field, context too long, session ended) gets a plain error response with its
+status; a later failure is the dialect's error event. A client that hangs up cancels its request: the engine
+request is aborted, the session records nothing of it (it is as it was before), and ``on_hang_up`` counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, Protocol
+
+from aiohttp import web
+
+from agentrl.gateway.choices import Completion
+from agentrl.gateway.live import LiveRequest
+from agentrl.gateway.protocol import APIError
+
+log = logging.getLogger("agentrl.gateway")
+
+
+class Writer(Protocol):
+    keepalive: bytes
+
+    def start(self, prompt_tokens: int) -> list[bytes]: ...
+
+    def delta(self, i: int, kind: str, text: str) -> list[bytes]: ...
+
+    def finish(self, done: Completion) -> list[bytes]: ...
+
+    def error(self, e: APIError) -> bytes: ...
+
+
+async def stream_live(request: web.Request, run: Callable[[LiveRequest], Awaitable[Completion]], live: LiveRequest,
+                      writer: Writer, *, keepalive_s: float, on_hang_up: Callable[[web.Request], None],
+                      headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """Answers ``request`` with the stream of ``run(live)`` (see the module docstring)."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    live.sink = queue.put_nowait
+    task = asyncio.ensure_future(run(live))
+    task.add_done_callback(lambda t: queue.put_nowait(None))
+    pending: list[Any] = []
+    try:
+        pending.append(await asyncio.wait_for(queue.get(), keepalive_s))
+    except asyncio.TimeoutError:
+        pass
+    except BaseException:
+        task.cancel()
+        raise
+    if pending == [None]:  # failed (or done) before sampling started: a plain response
+        task.result()  # raises the request's error
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                       **(headers or {})})
+    try:
+        await resp.prepare(request)
+        while True:
+            while not queue.empty():
+                pending.append(queue.get_nowait())
+            if not pending:
+                try:
+                    pending.append(await asyncio.wait_for(queue.get(), keepalive_s))
+                except asyncio.TimeoutError:
+                    await resp.write(writer.keepalive)
+                continue
+            ended = None in pending
+            frames: list[bytes] = []
+            for item in pending:
+                if item is None:
+                    break
+                frames += writer.start(item[1]) if item[0] == "start" else writer.delta(*item)
+            pending.clear()
+            if frames:
+                await resp.write(b"".join(frames))
+            if ended:
+                break
+        await resp.write(b"".join(_closing(task, live, writer)))
+        await resp.write_eof()
+    except (ConnectionResetError, asyncio.CancelledError) as e:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if isinstance(e, asyncio.CancelledError):
+            raise
+        on_hang_up(request)
+    return resp
+
+
+def _closing(task: asyncio.Future, live: LiveRequest, writer: Writer) -> list[bytes]:
+    """The frames after the last delta: the rest of the final reading and the writer's end, or an error event."""
+    try:
+        done: Completion = task.result()
+    except APIError as e:
+        return [writer.error(e)]
+    except Exception as e:
+        log.exception("gateway: streamed request failed")
+        return [writer.error(APIError(500, f"internal error: {e!r:.500}", "server_error"))]
+    frames: list[bytes] = []
+    for i, kind, text in live.finish(done):
+        frames += writer.delta(i, kind, text)
+    return frames + writer.finish(done)
