@@ -161,6 +161,43 @@ def _draw(rng: random.Random, dist: str, mean: float, sigma: float) -> float:
     raise ValueError(f"latency distribution must be fixed, normal or lognormal, got {dist!r}")
 
 
+class Lockstep:
+    """A barrier for batch-level (lock-step) env execution, the baseline of ROLL Flash's env-level asynchrony: every
+    live episode's action must be in before any env steps, and every env's step must be done before any episode
+    generates again, so a turn costs the batch's slowest response plus its slowest env step. Members join at reset
+    and leave when their episode ends or closes; a phase opens when all members have arrived."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.members = self.arrived = 0
+        self._event: asyncio.Event | None = None
+
+    def join(self) -> None:
+        self.members += 1
+
+    def leave(self) -> None:
+        self.members -= 1
+        self._check()
+
+    async def wait(self) -> None:
+        if self._event is None:
+            self._event = asyncio.Event()
+        ev = self._event
+        self.arrived += 1
+        self._check()
+        await ev.wait()
+
+    def _check(self) -> None:
+        if self._event is not None and self.arrived >= self.members:
+            self.arrived, ev, self._event = 0, self._event, None
+            ev.set()
+
+
+LOCKSTEP = Lockstep()  # the run's barrier (reset by simulate)
+
+
 class SimEnv(Env):
     """An env that only costs time (see the module docstring); its reward is 1 on success, drawn with
     ``success_prob``.
@@ -169,12 +206,15 @@ class SimEnv(Env):
     ``<end>`` action; :class:`SimPolicy` with empirical trajectories). Each step waits a latency from
     ``latency_dist`` (``fixed``, ``normal`` clipped at 0, ``lognormal``; mean ``latency``, sd ``latency_sigma``, at
     most ``latency_max`` when > 0); with probability ``slow_prob`` it is a fail-slow step taking ``slow_factor`` times
-    as long; with probability ``fail_prob`` it raises (an infrastructure failure the manager retries or fails)."""
+    as long; with probability ``fail_prob`` it raises (an infrastructure failure the manager retries or fails).
+    ``lockstep``: all episodes step together (:class:`Lockstep`), the batch-level baseline."""
 
     def __init__(self, turns: float = 1, turns_sigma: float = 0.0, latency: float = 0.0, latency_sigma: float = 0.0,
                  latency_dist: str = "fixed", latency_max: float = 0.0, fail_prob: float = 0.0,
-                 slow_prob: float = 0.0, slow_factor: float = 10.0, success_prob: float = 0.5) -> None:
+                 slow_prob: float = 0.0, slow_factor: float = 10.0, success_prob: float = 0.5,
+                 lockstep: bool = False) -> None:
         super().__init__()
+        self.lockstep, self._member = lockstep, False
         if latency_dist not in ("fixed", "normal", "lognormal"):
             raise ValueError(f"env.kwargs.latency_dist must be fixed, normal or lognormal, got {latency_dist!r}")
         for name, v in (("turns", turns), ("latency", latency), ("latency_sigma", latency_sigma),
@@ -195,7 +235,15 @@ class SimEnv(Env):
         self.turns = 0 if self.turns_mean == 0 else max(1, round(_draw(
             self.rng, "lognormal" if self.turns_sigma > 0 else "fixed", self.turns_mean, self.turns_sigma)))
         self.t = 0
+        if self.lockstep and not self._member:
+            self._member = True
+            LOCKSTEP.join()
         return [{"role": "user", "content": "task"}], {}
+
+    def _leave(self) -> None:
+        if self._member:
+            self._member = False
+            LOCKSTEP.leave()
 
     def latency_s(self) -> float:
         dt = _draw(self.rng, self.latency_dist, self.latency, self.latency_sigma)
@@ -206,17 +254,24 @@ class SimEnv(Env):
         return dt
 
     async def astep(self, action: str):
+        if self._member:
+            await LOCKSTEP.wait()  # every action is in
         await asyncio.sleep(self.latency_s())
+        if self._member:
+            await LOCKSTEP.wait()  # every env has stepped
         if self.fail_prob and self.rng.random() < self.fail_prob:
+            self._leave()
             raise ConnectionError("simulated env failure")
         self.t += 1
         done = action == END if self.turns == 0 else self.t >= self.turns
+        if done:
+            self._leave()
         reward = float(self.rng.random() < self.success_prob) if done else 0.0
         return [{"role": "user", "content": "obs"}], reward, done, False, {}
 
     async def aclose(self) -> None:
         # async on purpose: a sync close would run on the sync-env thread pool, which the virtual clock cannot see
-        pass
+        self._leave()
 
     def reset(self, *, seed=None, options=None):  # the manager drives the async methods
         raise NotImplementedError

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from agentrl.simulate.clock import run_virtual
-from agentrl.simulate.models import ENV_RNG, EngineModel, ResponseModel, SimEngine, SimPolicy, SimTrainer, TrainerModel
+from agentrl.simulate.models import ENV_RNG, LOCKSTEP, EngineModel, ResponseModel, SimEngine, SimPolicy, SimTrainer, TrainerModel
 from agentrl.simulate.presets import Hardware, engine_model, trainer_fields
 
 SIM_ENV = "sim/Env-v0"
@@ -87,6 +87,7 @@ def simulate(sim: SimulationConfig, seed: int = 0, runner: Callable[[Any], tuple
     from agentrl.controller.weights import WeightSync
 
     ENV_RNG.seed(seed)  # the envs' draws: the same seed gives the same simulation
+    LOCKSTEP.reset()
     engine_m, trainer_m = cost_models(sim)
     with tempfile.TemporaryDirectory(prefix="agentrl-sim-") as d:
         cfg = train_config(sim, d)

@@ -102,6 +102,27 @@ def test_env_latency_caps_fail_slow_steps_and_validation():
         TrainerModel(mfu=0).validate()
 
 
+def test_lockstep_envs_step_together():
+    from agentrl.simulate.models import Lockstep
+
+    bar, log = Lockstep(), []
+
+    async def member(name: str, work: list[float]) -> None:
+        bar.join()
+        for w in work:
+            await asyncio.sleep(w)
+            await bar.wait()
+            log.append((asyncio.get_running_loop().time(), name))
+        bar.leave()
+
+    async def main():
+        await asyncio.gather(member("a", [1.0, 1.0, 1.0]), member("b", [3.0, 0.5]))
+
+    _, took = run_virtual(main())
+    # phase 1 opens when b arrives (3); phase 2 at 4 (a's 1 s; b's 0.5 s); b leaves, a alone: 5
+    assert sorted(log) == [(3.0, "a"), (3.0, "b"), (4.0, "a"), (4.0, "b"), (5.0, "a")] and took == 5.0
+
+
 def test_a_simulated_run_takes_the_time_its_costs_imply():
     # a step: 1 turn (10 tokens x 0.1 s decode + 2 s env) = 3 s of rollout, then 4 x 10 tokens x 0.1 s = 4 s of
     # training; synchronous (alpha 0): 3 steps x 7 s.
@@ -115,6 +136,21 @@ def test_a_simulated_run_takes_the_time_its_costs_imply():
     assert r["wall_s"] == pytest.approx(21.0) and r["staleness"] == {0: 1.0}
     assert r["trainer_busy_frac"] == pytest.approx(12 / 21)
     assert [len(t) for t in r["tasks"]] == [2, 2, 2]
+
+
+def test_env_level_asynchrony_beats_lockstep_under_slow_envs():
+    def run(lockstep: bool) -> float:
+        return simulate(SimulationConfig(
+            run={"steps": 3, "async_ratio": 0, "manager": {"num_groups": 4, "group_size": 4, "max_turns": 8},
+                 "env": {"id": "sim/Env-v0", "kwargs": {"turns": 3, "latency": 10.0, "latency_sigma": 10.0,
+                                                        "latency_dist": "normal", "lockstep": lockstep}}},
+            engine=EngineModel(decode_step_s=0.01), response=ResponseModel(response_mean=100, prompt_tokens=0)),
+            seed=1)["wall_s"]
+
+    locked, free = run(True), run(False)
+    # lock-step: every turn waits for the slowest of 16 draws of N(10, 10) (about 2 sigma above the mean);
+    # env-level: an episode waits for its own 3 draws
+    assert locked > 1.15 * free  # (expected ratio ~1.35: E[sum of per-turn maxima] / E[max of per-episode sums])
 
 
 def test_episodes_replay_a_runs_logged_trajectories(tmp_path):
