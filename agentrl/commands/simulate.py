@@ -2,7 +2,7 @@
 runs the real training controller on a virtual clock with cost models for the engine, the trainer and the envs
 (:mod:`agentrl.simulate`), and prints the run's simulated wall time, the engine's and the trainer's utilisation, the
 staleness histogram and, with ``--sweep`` (repeatable: a grid), each point's speed-up over its baseline (the same
-point with ``--baseline``'s value, e.g. ``run.async_ratio=0``; else the grid's first point) as a Markdown table;
+point with ``--baseline``'s values, e.g. ``run.async_ratio=0``; else the grid's first point) as a Markdown table;
 ``--plot`` draws the speed-ups and utilisations. ``configs/simulate/`` has the papers' settings."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. run.async_ratio=2 engine.sync_s=5")
     p.add_argument("--sweep", action="append", default=[],
                    help="KEY=V1,V2,...: one simulation per value; repeat for a grid (e.g. run.async_ratio=0,1,2)")
-    p.add_argument("--baseline", help="KEY=VALUE: each point's speed-up is over this point (e.g. run.async_ratio=0)")
+    p.add_argument("--baseline", action="append", default=[],
+                   help="KEY=VALUE (repeatable): each point's speed-up is over the point with these values "
+                        "(e.g. run.async_ratio=0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON line per simulation")
     p.add_argument("--plot", help="write a PNG of the speed-ups and utilisations here")

@@ -2,8 +2,9 @@
 
 :func:`sweep` runs one simulation per point of the grid of ``--sweep KEY=V1,V2`` axes (the product of the axes, in
 order); a point's speed-up is its baseline's wall time over its own, where the baseline is the point with the same
-values on every axis except that ``baseline`` (``KEY=VALUE``, e.g. ``run.async_ratio=0``, synchronous training)
-replaces its own; without a baseline every point is held against the grid's first point.
+values on every axis except those ``baseline`` names (``KEY=VALUE`` each, e.g. ``run.async_ratio=0``: synchronous
+training; with ``hardware.trainer_gpus=0`` too: on the same GPUs, co-located), which replace its own; without a
+baseline every point is held against the grid's first point.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ def parse_axes(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def sweep(run_one: Callable[[list[str]], dict[str, Any]], axes: list[tuple[str, list[str]]],
-          baseline: str | None = None) -> list[dict[str, Any]]:
+          baseline: list[str] | None = None) -> list[dict[str, Any]]:
     """Runs ``run_one(overrides)`` for every point of the grid (and for each point's baseline, once); returns one
     row per grid point: the point's axis values, its figures and ``speedup``."""
     keys = [k for k, _ in axes]
-    if baseline and "=" not in baseline:
-        raise ValueError(f"--baseline must be KEY=VALUE, got {baseline!r}")
-    bkey, bval = baseline.split("=", 1) if baseline else (None, None)
+    base_at: dict[str, str] = {}
+    for b in baseline or []:
+        key, sep, val = b.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--baseline must be KEY=VALUE, got {b!r}")
+        base_at[key] = val
     cache: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
 
     def at(point: dict[str, str]) -> dict[str, Any]:
@@ -43,8 +47,8 @@ def sweep(run_one: Callable[[list[str]], dict[str, Any]], axes: list[tuple[str, 
     for values in itertools.product(*[v for _, v in axes]) if axes else [()]:
         point = dict(zip(keys, values))
         r = at(point)
-        if bkey is not None:
-            base = at({**point, bkey: bval})
+        if base_at:
+            base = at({**point, **base_at})
         else:
             first = first or r
             base = first
