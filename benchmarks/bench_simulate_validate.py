@@ -102,6 +102,7 @@ async def calibrate(model: str, reps: int) -> dict:
             t0 = time.perf_counter()
             await weights.push(v + 1)
             sync.append(time.perf_counter() - t0)
+        print("engine steps by batch:", steps, flush=True)
         out["engine"] = {"decode_step_s_by_batch": steps, "decode_step_s": max(0.0, a),
                          "decode_step_s_per_seq": max(0.0, b), "prefill_s_per_token": prefill, "request_s": request,
                          "sync_s": med(sync)}
@@ -128,12 +129,13 @@ async def calibrate(model: str, reps: int) -> dict:
         t_big = med([await step(big) for _ in range(reps)])
         tok_small, tok_big = 64 * 120, 64 * 320
         per_tok = (t_big - t_small) / (tok_big - tok_small)
+        print("trainer steps:", t_small, t_big, flush=True)
         out["trainer"] = {"step_overhead_s": max(0.0, t_small - per_tok * tok_small), "s_per_token": per_tok,
                           "step_s_small": t_small, "step_s_big": t_big}
 
         # contention: a 64 x 33-token batch alone and during trainer steps; a trainer step alone and during decoding
         alone = med([await batch(64, P, 33) for _ in range(reps)])
-        busy = asyncio.create_task(asyncio.gather(*[step(big) for _ in range(1)]))
+        busy = asyncio.ensure_future(step(big))
         during = [await batch(64, P, 33)]
         await busy
         stop = asyncio.Event()

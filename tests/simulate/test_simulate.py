@@ -153,6 +153,20 @@ def test_env_level_asynchrony_beats_lockstep_under_slow_envs():
     assert locked > 1.15 * free  # (expected ratio ~1.35: E[sum of per-turn maxima] / E[max of per-episode sums])
 
 
+def test_episode_timeouts_run_on_the_simulated_clock():
+    # 10 s env steps, episode_timeout_s 15: only one-turn episodes (10 s) finish; longer ones time out and their
+    # groups are retried until their members draw one turn. (On the wall clock, the simulated episodes took
+    # milliseconds and never timed out.)
+    sim = SimulationConfig(
+        run={"steps": 2, "async_ratio": 0, "manager": {"num_groups": 2, "group_size": 2, "max_turns": 8,
+                                                       "episode_timeout_s": 15.0},
+             "env": {"id": "sim/Env-v0", "kwargs": {"turns": 2, "turns_sigma": 1.5, "latency": 10.0}}},
+        engine=EngineModel(decode_step_s=0.01, chunk=1),
+        response=ResponseModel(response_mean=10, prompt_tokens=0, obs_tokens=0))
+    r = simulate(sim)
+    assert r["trained_tokens"] == 2 * 4 * 10  # one turn of 10 tokens each
+
+
 def test_episodes_replay_a_runs_logged_trajectories(tmp_path):
     log = tmp_path / "trajectories.jsonl"
     log.write_text("\n".join(json.dumps({"summary": {"turns": 3, "generated": 13, "tokens": 99}})
