@@ -14,9 +14,12 @@ run rollflash_agentic configs/simulate/rollflash_agentic.yaml --sweep run.async_
   --sweep hardware.trainer_gpus=0,8 --baseline run.async_ratio=0 --baseline hardware.trainer_gpus=0
 run rollpacker_tail configs/simulate/rollpacker_tail.yaml --sweep run.tail_batching.enabled=false,true \
   --sweep hardware.gpus=32,128 --baseline run.tail_batching.enabled=false
-run asyncflow_stream configs/simulate/asyncflow_stream.yaml --sweep run.streaming=false,true \
+run rollflash_failslow configs/simulate/rollflash_failslow.yaml --sweep run.manager.extra_per_group=0,1,2 \
+  --baseline run.manager.extra_per_group=0
+run asyncflow_stream configs/simulate/asyncflow_stream.yaml run.steps=4 --sweep run.streaming=false,true \
   --sweep run.async_ratio=0,1 --baseline run.streaming=false --baseline run.async_ratio=0
-run scaling_gpus configs/simulate/rollflash_rlvr.yaml --sweep hardware.gpus=16,32,64 --sweep run.async_ratio=0,2 \
-  --baseline run.async_ratio=0 hardware.trainer_gpus=0
-run group_size configs/simulate/rollflash_agentic.yaml --sweep run.manager.group_size=4,8,16 \
+# co-located (the engine waits while the trainer trains) at every GPU count
+run scaling_gpus configs/simulate/rollflash_rlvr.yaml run.steps=4 --sweep hardware.gpus=16,32,64 \
+  --sweep run.async_ratio=0,2 --baseline run.async_ratio=0
+run group_size configs/simulate/rollflash_agentic.yaml run.steps=4 --sweep run.manager.group_size=4,8,16 \
   --sweep run.async_ratio=0,2 --baseline run.async_ratio=0
