@@ -23,6 +23,7 @@ Phases (each writes under ``--out``):
    simulated seconds per step against the real mean ``time/step_s``.
 
 The machine is shared: the load average is recorded at every phase; calibrate right before the real runs.
+Status: not yet run to the end (at load 40-76 on the 2 cores its calibration never completed: RESULTS-simulate.md).
 """
 
 from __future__ import annotations
