@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable
 
 from agentrl.manager.config import ManagerConfig
+from agentrl.manager.groups import clock
 from agentrl.policy import EpisodeMeta, Policy, PolicySession
 from agentrl.trajectory import Trajectory
 from agentrl.manager.workers import EnvFailure, EnvWorker, WorkerDied
@@ -49,7 +49,7 @@ def timeout_left(base: float | None, deadline: float | None) -> float | None:
     """Returns the time an awaited call may take: ``base``, capped by what is left until ``deadline``."""
     if deadline is None:
         return base
-    left = deadline - time.perf_counter()
+    left = deadline - clock()
     if left <= 0:
         raise TimeoutError("episode_timeout_s exceeded")
     return left if base is None else min(base, left)
@@ -80,7 +80,7 @@ class EpisodeRunner:
         assert worker is not None
         ep.started = True
         traj = Trajectory(id=ep.id, group_id=ep.group.id, env_id=spec.env_id, seed=spec.seed, task=spec.task)
-        t_start = time.perf_counter()
+        t_start = clock()
         if self.t0 is None:
             self.t0 = t_start
         env_s = policy_s = 0.0
@@ -95,12 +95,12 @@ class EpisodeRunner:
             if spec.task is not None:
                 options.setdefault("task", spec.task)
             opened = True
-            t = time.perf_counter()
+            t = clock()
             try:  # a failed or timed-out call's time is env time too
                 new, info = await worker.open(ep.id, spec.env_id, spec.env_kwargs, spec.seed, options or None,
                                               timeout_left(cfg.reset_timeout_s, deadline))
             finally:
-                env_s += time.perf_counter() - t
+                env_s += clock() - t
             traj.messages.extend(new)
             traj.info = info
             state_keys = [info.get("state_key")]  # per turn, the state the action is taken in (agentrl.core)
@@ -109,9 +109,9 @@ class EpisodeRunner:
             max_turns = spec.max_turns or cfg.max_turns
             termination = "truncated"
             while traj.num_turns < max_turns:
-                t = time.perf_counter()
+                t = clock()
                 action = await with_timeout(session.act(new), timeout_left(cfg.policy_timeout_s, deadline))
-                policy_s += time.perf_counter() - t
+                policy_s += clock() - t
                 self.counts["policy_calls"] += 1
                 if not isinstance(action.text, str):
                     raise TypeError(f"policy returned Action.text of type {type(action.text).__name__}, expected str")
@@ -125,12 +125,12 @@ class EpisodeRunner:
                     traj.info = {**traj.info, "context_exhausted": True}
                     break
                 traj.messages.append({"role": "assistant", "content": action.text})
-                t = time.perf_counter()
+                t = clock()
                 try:
                     new, reward, terminated, truncated, info = await worker.step(
                         ep.id, action.text, timeout_left(cfg.step_timeout_s, deadline))
                 finally:
-                    dt = time.perf_counter() - t
+                    dt = clock() - t
                     env_s += dt
                 self.latencies.append(dt)
                 self.counts["env_steps"] += 1
@@ -182,7 +182,7 @@ class EpisodeRunner:
                 await asyncio.shield(cleanup)
             except asyncio.CancelledError:
                 continue
-        traj.timings["total_s"] = time.perf_counter() - ep.created
+        traj.timings["total_s"] = clock() - ep.created
 
     async def _release(self, ep: "Episode", traj: Trajectory, session: PolicySession | None,
                        worker: EnvWorker | None) -> None:

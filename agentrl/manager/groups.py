@@ -33,6 +33,15 @@ from agentrl.manager.admission import Admission
 from agentrl.manager.config import EpisodeSpec, ManagerConfig, ManagerError, TaskSource
 from agentrl.trajectory import Group, Trajectory
 
+
+def clock() -> float:
+    """The running event loop's clock (``time.monotonic`` on a real loop): deadlines and timings follow the loop's
+    time, so on a virtual clock (``agentrl simulate``) an episode times out in simulated seconds."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
 OPEN, READY, DONE = "open", "ready", "done"
 
 
@@ -45,7 +54,7 @@ class Episode:
     def __init__(self, group: "GroupState"):
         self.group, self.spec = group, group.spec
         self.id = f"{group.tag}.{next(group.attempts)}"
-        self.created = time.perf_counter()
+        self.created = clock()
         self.task: asyncio.Task | None = None
         self.worker = None
         self.cancel_reason: str | None = None

@@ -12,7 +12,6 @@ consumer proceed wakes the round.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from typing import Any, AsyncIterator, Iterable
 
@@ -21,7 +20,7 @@ import numpy as np
 from agentrl.manager.admission import Admission
 from agentrl.manager.config import EpisodeSpec, ManagerConfig, ManagerError, TaskSource
 from agentrl.manager.episode import EpisodeRunner, StaleEpisode
-from agentrl.manager.groups import OPEN, Episode, GroupBook, GroupState, Round
+from agentrl.manager.groups import OPEN, Episode, GroupBook, GroupState, Round, clock
 from agentrl.manager.pool import WorkerPool
 from agentrl.policy import Policy
 from agentrl.trajectory import Group, Trajectory
@@ -203,7 +202,7 @@ class EnvManager:
                               task=ep.spec.task, termination="cancelled" if err is None else "error",
                               error=ep.cancel_reason or "cancelled" if err is None else repr(err),
                               timings={"env_s": 0.0, "policy_s": 0.0, "queue_s": 0.0,
-                                       "total_s": time.perf_counter() - ep.created})
+                                       "total_s": clock() - ep.created})
         self._running.discard(ep)
         if ep.worker is not None:
             ep.worker.load -= 1
@@ -416,7 +415,7 @@ class EnvManager:
         else:
             m.update(step_p50_s=None, step_p90_s=None, step_p99_s=None, step_max_s=None)
         t0 = self._runner.t0
-        el = time.perf_counter() - t0 if t0 is not None else 0.0
+        el = clock() - t0 if t0 is not None else 0.0
         ended = self.counts["finished"] + self.counts["failed"] + self.counts["cancelled"]
         m.update(elapsed_s=el, steps_per_s=self.counts["env_steps"] / el if el > 0 else 0.0,
                  episodes_per_s=ended / el if el > 0 else 0.0)

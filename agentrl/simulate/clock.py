@@ -8,11 +8,13 @@ finishing, a socket). So a program that only sleeps runs in the time its callbac
 exactly what its sleeps add up to.
 
 Invariants: the clock never goes backwards; it moves only when no callback is ready (everything runnable at a
-virtual instant runs at that instant, in the order asyncio gives it) and no executor job is running (work on a
-thread, ``asyncio.to_thread`` included, takes no virtual time: the clock waits for it); a timer never fires before
-its due time. Threads started some other way (a thread pool of one's own that wakes the loop with
-``call_soon_threadsafe``, such as the pool :func:`agentrl.core.run_sync` runs sync env methods on) are not seen: the
-clock may run ahead of them, so simulated envs are async throughout.
+virtual instant runs at that instant, in the order asyncio gives it); a timer never fires before its due time.
+Executor work (``run_in_executor``, ``asyncio.to_thread``: the controller's trajectory log) runs inline, at once,
+on the loop's thread: it takes no virtual time, and it cannot race the callbacks that are ready at the same instant,
+so a simulation is a function of its seeds (a real thread's finishing point among those callbacks would depend on
+the machine's load). A function so sent must not wait for the loop itself. Threads started some other way (a thread
+pool of one's own that wakes the loop with ``call_soon_threadsafe``, such as the pool :func:`agentrl.core.run_sync`
+runs sync env methods on) are not seen: the clock may run ahead of them, so simulated envs are async throughout.
 """
 
 from __future__ import annotations
@@ -34,9 +36,7 @@ class _VirtualSelector(selectors.DefaultSelector):
         if events or timeout == 0:
             return events
         loop = self.loop
-        if timeout is None or loop._in_executor:
-            # Nothing scheduled, or work running on a thread: only real I/O (its completion) can wake us, and the
-            # clock must not run ahead of work that takes real time.
+        if timeout is None:  # nothing scheduled: only real I/O can wake us
             return super().select(None)
         due = [h._when for h in loop._scheduled if not h._cancelled]  # type: ignore[attr-defined]
         loop._now = max(loop._now, min(due) if due else loop._now + timeout)
@@ -51,19 +51,16 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__(selector)
         selector.loop = self
         self._now = float(start)
-        self._in_executor = 0
 
     def time(self) -> float:
         return self._now
 
     def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future:
-        fut = super().run_in_executor(executor, func, *args)
-        self._in_executor += 1
-
-        def done(_: Any) -> None:
-            self._in_executor -= 1
-
-        fut.add_done_callback(done)
+        fut = self.create_future()
+        try:
+            fut.set_result(func(*args))
+        except BaseException as e:  # noqa: BLE001 - delivered to the awaiting coroutine, as a thread's would be
+            fut.set_exception(e)
         return fut
 
 

@@ -1,0 +1,261 @@
+"""Validates the simulator against real CPU runs: measure the engine's and the trainer's cost parameters on this
+machine, run the schedulers benchmark's variants for real, then simulate each variant with the measured costs and
+compare the mean seconds per step.
+
+    .venv/bin/python benchmarks/bench_simulate_validate.py --out /tmp/simval            # calibrate, run, predict
+    .venv/bin/python benchmarks/bench_simulate_validate.py --out /tmp/simval --predict-only
+
+Phases (each writes under ``--out``):
+
+1. ``calibration.json``: the real CPU vLLM engine of ``configs/quickstart.yaml`` (with ``--model``) and the real
+   trainer actor. Engine: ``n`` concurrent requests of random prompts (no prefix-cache hits) generating 1 and
+   ``1 + D`` tokens; the difference over ``D`` is the decode step at batch ``n``, fitted as ``a + b n``; one request
+   with a short and a long prompt gives the prefill cost per token, and what is left of a one-token request is the
+   fixed per-request cost. Weight sync: the controller's ``WeightSync.push``. Trainer: ``train_step`` on 64
+   synthetic trajectories of two lengths, fitted as ``overhead + tokens x c`` (c is reported as flops_per_token /
+   (peak x mfu) with peak x mfu = 1). Contention (the 2 cores are shared): a decode batch timed while the trainer
+   trains, and a trainer step timed while the engine decodes.
+2. ``real.json``: ``benchmarks/bench_schedulers.py`` for ``--variants`` (its run dirs keep each run's
+   ``trajectories.jsonl``).
+3. the table: each variant simulated with the calibration, the benchmark's env latency (lognormal, median
+   ``--latency``, sigma 1, capped at 20x) and the lengths of that variant's own trained trajectories (turn counts and
+   generated tokens replayed; prompt and per-turn observation tokens fitted from them); the prediction is the mean
+   simulated seconds per step against the real mean ``time/step_s``.
+
+The machine is shared: the load average is recorded at every phase; calibrate right before the real runs.
+Status: not yet run to the end (at load 40-76 on the 2 cores its calibration never completed: RESULTS-simulate.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares ``y = a + b x``."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+async def calibrate(model: str, reps: int) -> dict:
+    import ray
+
+    from agentrl.controller.run import load_config
+    from agentrl.controller.weights import WeightSync
+    from agentrl.inference.base import SamplingParams
+    from agentrl.inference.factory import make_engine
+    from agentrl.trainer.dp_group import create_trainer, stop_trainer
+    from agentrl.trajectory import Group, Trajectory
+
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", [f"engine.model={model}"])
+    out: dict = {"load_start": _load()}
+    ray.init(num_cpus=cfg.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+    trainer = create_trainer(cfg.trainer_config(), model, num_cpus=cfg.trainer_num_cpus)
+    engine = make_engine(cfg.engine)
+    rng = random.Random(0)
+    ids = iter(range(10**9))
+
+    async def batch(n: int, prompt: int, tokens: int) -> float:
+        sp = SamplingParams(max_tokens=tokens, ignore_eos=True)
+        t0 = time.perf_counter()
+        await asyncio.gather(*[engine.generate([rng.randrange(10, 1000) for _ in range(prompt)], sp,
+                                               request_id=f"cal-{next(ids)}") for _ in range(n)])
+        return time.perf_counter() - t0
+
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs)
+
+    try:
+        weights = WeightSync(trainer, engine)
+        await weights.start()
+        await batch(8, 120, 8)  # warm-up
+        D, P = 16, 120
+        steps = {}
+        for n in (1, 8, 32, 64):
+            one = med([await batch(n, P, 1) for _ in range(reps)])
+            more = med([await batch(n, P, 1 + D) for _ in range(reps)])
+            steps[n] = (more - one) / D
+        a, b = _fit(list(steps), list(steps.values()))
+        short = med([await batch(1, 20, 1) for _ in range(reps)])
+        long = med([await batch(1, 620, 1) for _ in range(reps)])
+        prefill = max(0.0, (long - short) / 600)
+        request = max(0.0, short - 20 * prefill - (a + b))
+        sync = []
+        for v in range(reps):
+            t0 = time.perf_counter()
+            await weights.push(v + 1)
+            sync.append(time.perf_counter() - t0)
+        print("engine steps by batch:", steps, flush=True)
+        out["engine"] = {"decode_step_s_by_batch": steps, "decode_step_s": max(0.0, a),
+                         "decode_step_s_per_seq": max(0.0, b), "prefill_s_per_token": prefill, "request_s": request,
+                         "sync_s": med(sync)}
+
+        def groups(gen: int, prompt: int = 100) -> list:
+            out_g = []
+            for g in range(8):
+                trajs = [Trajectory(id=f"t{g}.{i}", group_id=f"g{g}", env_id="cal",
+                                    token_ids=[rng.randrange(10, 1000) for _ in range(prompt + gen)],
+                                    loss_mask=[0] * prompt + [1] * gen,
+                                    logprobs=[0.0] * prompt + [-3.0] * gen, versions=[-1] * prompt + [0] * gen,
+                                    reward=float(i % 2)) for i in range(8)]
+                out_g.append(Group(id=f"g{g}", trajectories=trajs))
+            return out_g
+
+        async def step(gs: list) -> float:
+            t0 = time.perf_counter()
+            await trainer.train_step.remote(gs)
+            return time.perf_counter() - t0
+
+        small, big = groups(20), groups(220)
+        await step(small)  # warm-up
+        t_small = med([await step(small) for _ in range(reps)])
+        t_big = med([await step(big) for _ in range(reps)])
+        tok_small, tok_big = 64 * 120, 64 * 320
+        per_tok = (t_big - t_small) / (tok_big - tok_small)
+        print("trainer steps:", t_small, t_big, flush=True)
+        out["trainer"] = {"step_overhead_s": max(0.0, t_small - per_tok * tok_small), "s_per_token": per_tok,
+                          "step_s_small": t_small, "step_s_big": t_big}
+
+        # contention: a 64 x 33-token batch alone and during trainer steps; a trainer step alone and during decoding
+        alone = med([await batch(64, P, 33) for _ in range(reps)])
+        busy = asyncio.ensure_future(step(big))
+        during = [await batch(64, P, 33)]
+        await busy
+        stop = asyncio.Event()
+
+        async def keep_decoding() -> None:
+            while not stop.is_set():
+                await batch(32, P, 16)
+
+        dec = asyncio.create_task(keep_decoding())
+        await asyncio.sleep(0.5)
+        t_during = med([await step(big) for _ in range(reps)])
+        stop.set()
+        await dec
+        out["contention"] = {"engine_batch_alone_s": alone, "engine_batch_during_training_s": during[0],
+                             "slowdown_while_training": max(1.0, during[0] / alone),
+                             "trainer_step_during_decoding_s": t_during,
+                             "slowdown_while_generating": max(1.0, t_during / t_big)}
+    finally:
+        await engine.close()
+        stop_trainer(trainer)
+        ray.shutdown()
+    out["load_end"] = _load()
+    return out
+
+
+def _shape(trajs_path: Path) -> tuple[int, int]:
+    """Prompt tokens and observation tokens per later turn, fitted from ``tokens - generated = p + o (turns - 1)``."""
+    xs, ys = [], []
+    for line in trajs_path.read_text().splitlines():
+        s = json.loads(line)["summary"]
+        xs.append(s["turns"] - 1)
+        ys.append(s["tokens"] - s["generated"])
+    if len(set(xs)) < 2:
+        return round(statistics.fmean(ys)), 0
+    p, o = _fit(xs, ys)
+    return max(0, round(p)), max(0, round(o))
+
+
+def predict(real: list[dict], cal: dict, out: Path, latency: float, max_turns: int, budget: int, extra: int,
+            seed: int) -> list[dict]:
+    from agentrl.simulate.models import EngineModel, ResponseModel, TrainerModel
+    from agentrl.simulate.run import SimulationConfig, simulate
+
+    e, t, c = cal["engine"], cal["trainer"], cal["contention"]
+    mean = latency * math.exp(0.5)  # lognormal(log latency, 1)
+    sd = mean * math.sqrt(math.e - 1)
+    rows = []
+    for r in real:
+        trajs = out / "real" / r["name"] / "trajectories.jsonl"
+        prompt, obs = _shape(trajs)
+        run = {"steps": len(r["step_s"]), "seed": seed,
+               "manager": {"num_groups": 8, "group_size": 8, "max_concurrency": 128, "max_turns": max_turns},
+               "env": {"id": "sim/Env-v0",
+                       "kwargs": {"turns": 0, "latency": mean, "latency_sigma": sd, "latency_dist": "lognormal",
+                                  "latency_max": 20 * latency}},
+               "tail_batching": {"length_budget": budget, "extra_prompts": extra}}
+        for o in r["overrides"]:
+            k, v = o.split("=", 1)
+            node = run
+            *path, last = k.split(".")
+            for p in path:
+                node = node.setdefault(p, {})
+            node[last] = {"true": True, "false": False}.get(v, int(v) if v.isdigit() else v)
+        sim = SimulationConfig(
+            run=run,
+            engine=EngineModel(request_s=e["request_s"], prefill_s_per_token=e["prefill_s_per_token"],
+                               decode_step_s=e["decode_step_s"], decode_step_s_per_seq=e["decode_step_s_per_seq"],
+                               sync_s=e["sync_s"], slowdown_while_training=c["slowdown_while_training"], chunk=1),
+            trainer=TrainerModel(flops_per_token=t["s_per_token"], peak_flops=1.0, mfu=1.0,
+                                 step_overhead_s=t["step_overhead_s"],
+                                 slowdown_while_generating=c["slowdown_while_generating"]),
+            response=ResponseModel(prompt_tokens=prompt, obs_tokens=obs, trajectories=str(trajs)))
+        s = simulate(sim, seed=seed)
+        sim_step = s["wall_s"] / s["steps"]
+        real_step = statistics.fmean(r["step_s"])
+        rows.append({"variant": r["name"], "real_step_s": real_step, "sim_step_s": sim_step,
+                     "error": sim_step / real_step - 1, "real_trainer_idle": r["trainer_idle"],
+                     "sim_trainer_idle": 1 - s["trainer_busy_frac"], "prompt_tokens": prompt, "obs_tokens": obs,
+                     "load_start": r["load_start"], "load_end": r["load_end"]})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="runs/quickstart/warmstart/model")
+    ap.add_argument("--out", default="/tmp/agentrl-simulate-validate")
+    ap.add_argument("--variants", nargs="*", default=["sync", "alpha2", "stream", "tail"])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--latency", type=float, default=0.1)
+    ap.add_argument("--max-turns", type=int, default=16)
+    ap.add_argument("--budget", type=int, default=48)
+    ap.add_argument("--extra", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--predict-only", action="store_true", help="reuse calibration.json and real.json under --out")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.predict_only:
+        cal = asyncio.run(calibrate(args.model, args.reps))
+        (out / "calibration.json").write_text(json.dumps(cal, indent=2))
+        print(json.dumps(cal), flush=True)
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_schedulers.py"), "--model", args.model,
+                        "--variants", *args.variants, "--steps", str(args.steps), "--latency", str(args.latency),
+                        "--max-turns", str(args.max_turns), "--budget", str(args.budget), "--extra", str(args.extra),
+                        "--eval", "8", "--seed", str(args.seed), "--out", str(out / "real"),
+                        "--json", str(out / "real.json")], check=True)
+    cal = json.loads((out / "calibration.json").read_text())
+    real = json.loads((out / "real.json").read_text())
+    rows = predict(real, cal, out, args.latency, args.max_turns, args.budget, args.extra, args.seed)
+    (out / "validation.json").write_text(json.dumps(rows, indent=2))
+    print("| variant | real s/step | simulated s/step | error | trainer idle real / sim | load start / end |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['variant']} | {r['real_step_s']:.2f} | {r['sim_step_s']:.2f} | {100 * r['error']:+.0f} % | "
+              f"{r['real_trainer_idle']:.2f} / {r['sim_trainer_idle']:.2f} | {r['load_start']:.1f} / "
+              f"{r['load_end']:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
