@@ -30,6 +30,7 @@ import json
 import math
 import os
 import sys
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -132,6 +133,9 @@ class MCPToolEnv(Env):
         self.max_calls_per_turn, self.invalid_reward = max_calls_per_turn, float(invalid_reward)
         self.start_timeout_s, self.call_timeout_s = float(start_timeout_s), float(call_timeout_s)
         self.conn: MCPConnection | None = None
+        # Ends the server when the env is dropped unclosed (its connection's own thread keeps it alive otherwise,
+        # until the process exits); holds the connection, never the env.
+        self._finalizer: weakref.finalize | None = None
         self.tools: list[ToolSpec] = []
         self.index, self.task, self.current_key, self.done = 0, self.tasks[0], "", True
         self.history: list[Message] = []  # the episode so far, for checkers
@@ -140,18 +144,22 @@ class MCPToolEnv(Env):
     def _connect(self) -> None:
         if self.conn is not None and not self.conn.dead:
             return
-        if self.conn is not None:
-            self.conn.close()
+        self.close()
         self.conn = MCPConnection(command=self.server, url=self.url, env=self.server_env,
                                   start_timeout_s=self.start_timeout_s, call_timeout_s=self.call_timeout_s)
+        self._finalizer = weakref.finalize(self, self.conn.close)
         listed = self.conn.start()
         names = {t.name for t in listed}
+        problem = None
         if self.check_tool is not None and self.check_tool not in names:
-            raise MCPServerError(f"MCP server {self.conn.label!r} has no checker tool {self.check_tool!r} "
-                                 f"(tools: {sorted(names)})")
+            problem = f"has no checker tool {self.check_tool!r} (tools: {sorted(names)})"
         missing = sorted(set(self.tool_names or ()) - names)
         if missing:
-            raise MCPServerError(f"MCP server {self.conn.label!r} has no tool(s) {missing} (tools: {sorted(names)})")
+            problem = f"has no tool(s) {missing} (tools: {sorted(names)})"
+        if problem is not None:  # a server this env cannot use: end it now, not when the env is closed
+            label = self.conn.label
+            self.close()
+            raise MCPServerError(f"MCP server {label!r} {problem}")
         self.tools = [t for t in listed if t.name != self.check_tool and (self.tool_names is None or t.name in self.tool_names)]
 
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -227,9 +235,10 @@ class MCPToolEnv(Env):
         return await run_sync(self.step, action)
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        if self._finalizer is not None:
+            self._finalizer()  # closes the connection, once
+            self._finalizer = None
+        self.conn = None
 
     # -- scoring --------------------------------------------------------------------------------------------------
     def _score(self, answer: str) -> float:
