@@ -85,7 +85,9 @@ class MCPToolEnv(Env):
     written with the ``mcp`` SDK), ``url`` (a streamable HTTP server instead), ``server_env`` (extra environment
     variables of a stdio server), ``tasks`` (JSONL path; default the demo tasks), ``checker``, ``tools`` (names to
     expose; default all but the checker's), ``max_calls_per_turn`` (4), ``invalid_reward`` (0.0, the reward of a
-    step with an invalid action), ``start_timeout_s`` (30), ``call_timeout_s`` (30).
+    step with an invalid action), ``start_timeout_s`` (30), ``call_timeout_s`` (30), ``sandbox`` (``"bwrap"``: the
+    stdio server runs in a bubblewrap sandbox, :mod:`agentrl.envs.bridges.mcp_sandbox`; default none),
+    ``sandbox_binds`` (more host paths it may read), ``sandbox_network`` (False).
     """
 
     description = "MCP server's tools as a multi-turn tool env (kwargs server= or url=, tasks=, checker=)"
@@ -93,8 +95,13 @@ class MCPToolEnv(Env):
     def __init__(self, server: list[str] | str | None = None, url: str | None = None,
                  server_env: dict[str, str] | None = None, tasks: str | None = None, checker: str | Callable = "exact",
                  tools: list[str] | None = None, max_calls_per_turn: int = 4, invalid_reward: float = 0.0,
-                 start_timeout_s: float = 30.0, call_timeout_s: float = 30.0):
+                 start_timeout_s: float = 30.0, call_timeout_s: float = 30.0, sandbox: str | None = None,
+                 sandbox_binds: list[str] | None = None, sandbox_network: bool = False):
         super().__init__()
+        if sandbox not in (None, "bwrap"):
+            raise ValueError(f"MCPToolEnv: sandbox must be 'bwrap' or None, got {sandbox!r}")
+        if sandbox is not None and url is not None:
+            raise ValueError("MCPToolEnv: sandbox applies to a stdio server (server=), not to url=")
         if server is not None and url is not None:
             raise ValueError("MCPToolEnv: give server (a stdio command) or url (streamable HTTP), not both")
         if server is None and url is None:
@@ -110,6 +117,7 @@ class MCPToolEnv(Env):
             raise ValueError(f"MCPToolEnv: max_calls_per_turn must be a positive int, got {max_calls_per_turn!r}")
         self.server, self.url = server, url
         self.server_env = dict(server_env) if server_env else None  # added to the SDK's minimal default environment
+        self.sandbox, self.sandbox_binds, self.sandbox_network = sandbox, list(sandbox_binds or ()), bool(sandbox_network)
         self.tasks_path = Path(tasks) if tasks is not None else DEMO_TASKS
         self.tasks = load_tasks(self.tasks_path)
         self.checker_name = checker if isinstance(checker, str) else getattr(checker, "__name__", repr(checker))
@@ -145,7 +153,14 @@ class MCPToolEnv(Env):
         if self.conn is not None and not self.conn.dead:
             return
         self.close()
-        self.conn = MCPConnection(command=self.server, url=self.url, env=self.server_env,
+        command, env = self.server, self.server_env
+        if self.sandbox == "bwrap" and command is not None:
+            from agentrl.envs.bridges.mcp_sandbox import bwrap_command
+
+            # bwrap clears the environment: the server's variables are set inside instead
+            command, env = bwrap_command(command, binds=self.sandbox_binds, env=self.server_env,
+                                         network=self.sandbox_network), None
+        self.conn = MCPConnection(command=command, url=self.url, env=env,
                                   start_timeout_s=self.start_timeout_s, call_timeout_s=self.call_timeout_s)
         self._finalizer = weakref.finalize(self, self.conn.close)
         listed = self.conn.start()
