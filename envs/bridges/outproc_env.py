@@ -213,7 +213,10 @@ class HostedEnv(Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
         super().reset(seed=seed)
         host = self._start()
-        got = host.request(self.call_timeout_s, "reset", seed=seed, options=options)
+        # No seed: one drawn from this env's np_random (seeded by the last seeded reset), so that a run of resets
+        # after reset(seed=s) is as reproducible as the foreign env's own seeding makes it.
+        host_seed = seed if seed is not None else int(self.np_random.integers(2**31))
+        got = host.request(self.call_timeout_s, "reset", seed=host_seed, options=options)
         if not isinstance(got, list) or len(got) != 2:
             raise HostError(f"env host {self.python!r}: reset returned {str(got)[:80]!r}, not (observation, info)")
         obs = _as_messages(got[0])

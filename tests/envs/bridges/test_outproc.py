@@ -179,3 +179,17 @@ def test_gem_without_its_venv_says_how_to_set_it_up(monkeypatch, tmp_path):
     with pytest.raises(ImportError, match=r"python -m agentrl.envs.bridges.gem_env setup"):
         gem_env.GEMEnv("game:GuessTheNumber-v0-easy")
     assert os.environ["AGENTRL_GEM_VENV"].endswith("none")
+
+
+def test_envs_check_passes_out_of_process(gem_venv, capsys):
+    """``agentrl envs check`` (gymnasium's checker included: reset(seed) then reset() must reproduce) on a host env
+    and on GEM, with the kwargs from the command line; no host is left running."""
+    from agentrl.cli import main
+
+    assert main(["envs", "check", OUTPROC, f"python={SYSTEM_PYTHON}", "factory=outproc_fixture_env:make",
+                 f"pythonpath=[{HERE}]"]) == 0
+    assert main(["envs", "check", "gem/game:GuessTheNumber-v0-easy"]) == 0
+    out = capsys.readouterr().out
+    assert f"PASS  {OUTPROC}" in out and "PASS  gem/game:GuessTheNumber-v0-easy" in out
+    gc.collect()
+    assert not _hosts()
