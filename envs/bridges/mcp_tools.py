@@ -162,6 +162,8 @@ class MCPToolEnv(Env):
                                          network=self.sandbox_network), None
         self.conn = MCPConnection(command=command, url=self.url, env=env,
                                   start_timeout_s=self.start_timeout_s, call_timeout_s=self.call_timeout_s)
+        if command is not self.server:  # errors name the server, not the sandbox's launcher line
+            self.conn.label = " ".join(self.server) + " (in bwrap)"  # type: ignore[arg-type]
         self._finalizer = weakref.finalize(self, self.conn.close)
         listed = self.conn.start()
         names = {t.name for t in listed}

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from mcp.server.mcpserver import MCPServer
 
@@ -63,6 +64,10 @@ def pids() -> str:
 def detach(marker: str) -> str:
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", marker], start_new_session=True, stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Answer once it runs its own command line (between fork and exec it still shows this server's).
+    deadline = time.monotonic() + 60
+    while marker.encode() not in open(f"/proc/{p.pid}/cmdline", "rb").read() and time.monotonic() < deadline:
+        time.sleep(0.01)
     return str(p.pid)
 
 

@@ -122,6 +122,16 @@ def test_hostile_tool_calls_cannot_escape(sandbox, tmp_path, listener):
     assert not running_descendants("mcp_hostile_server.py")
 
 
+def test_a_sandboxed_server_that_exits_fails_reset_naming_the_server():
+    from agentrl.envs.bridges.mcp_client import MCPServerError
+
+    env = agentrl.make(MCP, server=[sys.executable, "-c", "raise SystemExit(3)"], sandbox="bwrap", start_timeout_s=60)
+    with pytest.raises(MCPServerError, match=r"MCP server '.*raise SystemExit\(3\) \(in bwrap\)' failed"):
+        env.reset(seed=0)
+    env.close()
+    assert not running_descendants("bwrap")
+
+
 def test_bad_sandbox_kwargs_fail_with_clear_errors():
     with pytest.raises(ValueError, match="sandbox must be 'bwrap' or None"):
         agentrl.make(MCP, sandbox="docker-please")
