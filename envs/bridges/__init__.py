@@ -8,6 +8,9 @@ id                           what                                           extr
 ``skyrl_gym/<env id>``       a SkyRL-Gym env per dataset row (``tasks=``)   ``agentrl[skyrl-gym]``
 ``mcp/Tools-v0``             the tools of any MCP server, tasks from JSONL  ``agentrl[mcp]``
 ``openenv/Client-v0``        a remote OpenEnv server (``url=``), over /ws   ``agentrl[openenv]``
+``nemo_gym/Gymnasium-v0``    a NeMo Gym /reset + /step server (``url=``)    none (stdlib HTTP)
+``gem/<env id>``             a GEM env, in GEM's own venv (out of process)  its venv: see gem_env
+``outproc/Env-v0``           any env made by ``factory=`` in another Python none (its own venv)
 ============================ ============================================== =========================
 
 And the other way: ``agentrl envs serve ID`` serves any agentrl env as an OpenEnv server
@@ -34,6 +37,9 @@ _FAMILIES = {
     "skyrl_gym": dict(entry_point="agentrl.envs.bridges.skyrl_gym_env:SkyRLGymEnv", name_kwarg="env",
                       names="agentrl.envs.bridges.skyrl_gym_env:env_names", extra="skyrl-gym", max_episode_steps=32,
                       description="SkyRL-Gym env, made per dataset row (kwarg tasks=rows.jsonl)"),
+    "gem": dict(entry_point="agentrl.envs.bridges.gem_env:GEMEnv", name_kwarg="env",
+                names="agentrl.envs.bridges.gem_env:env_names", max_episode_steps=64,
+                description="GEM env, run unchanged in GEM's own venv (python -m agentrl.envs.bridges.gem_env setup)"),
 }
 _IDS = {
     "mcp/Tools-v0": dict(entry_point="agentrl.envs.bridges.mcp_tools:MCPToolEnv", max_episode_steps=16,
@@ -42,6 +48,12 @@ _IDS = {
     "openenv/Client-v0": dict(entry_point="agentrl.envs.bridges.openenv_client:OpenEnvClientEnv",
                               description="A remote OpenEnv environment over its /ws WebSocket session "
                                           "(kwarg url=http://HOST:PORT)"),
+    "nemo_gym/Gymnasium-v0": dict(entry_point="agentrl.envs.bridges.nemo_gym_client:NeMoGymEnv", max_episode_steps=64,
+                                  description="A NeMo Gym Gymnasium-style resources server, /reset + /step with its "
+                                              "session cookie (kwargs url=, tasks=rows.jsonl)"),
+    "outproc/Env-v0": dict(entry_point="agentrl.envs.bridges.outproc_env:HostedEnv",
+                           description="An env run by another Python (own venv, own pins) behind a stdin/stdout "
+                                       "host (kwargs python=, factory=module:callable, kwargs=)"),
 }
 
 _known = {f.namespace for f in families()}  # this module may be imported again (reloaded): register once

@@ -156,6 +156,9 @@ class MCPConnection:
         session is asked to end; a dead or stuck one is cancelled, which the SDK turns into ending the process."""
         if self._closed:
             return
+        if threading.current_thread() is self._thread:  # e.g. a finalizer run by the gc on this loop: never block it
+            threading.Thread(target=self.close, name="agentrl-mcp-close", daemon=True).start()
+            return
         self._closed = True
         owner = self._owner
         if owner is not None and not owner.done():

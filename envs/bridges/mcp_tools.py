@@ -30,6 +30,7 @@ import json
 import math
 import os
 import sys
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -84,7 +85,9 @@ class MCPToolEnv(Env):
     written with the ``mcp`` SDK), ``url`` (a streamable HTTP server instead), ``server_env`` (extra environment
     variables of a stdio server), ``tasks`` (JSONL path; default the demo tasks), ``checker``, ``tools`` (names to
     expose; default all but the checker's), ``max_calls_per_turn`` (4), ``invalid_reward`` (0.0, the reward of a
-    step with an invalid action), ``start_timeout_s`` (30), ``call_timeout_s`` (30).
+    step with an invalid action), ``start_timeout_s`` (30), ``call_timeout_s`` (30), ``sandbox`` (``"bwrap"``: the
+    stdio server runs in a bubblewrap sandbox, :mod:`agentrl.envs.bridges.mcp_sandbox`; default none),
+    ``sandbox_binds`` (more host paths it may read), ``sandbox_network`` (False).
     """
 
     description = "MCP server's tools as a multi-turn tool env (kwargs server= or url=, tasks=, checker=)"
@@ -92,8 +95,13 @@ class MCPToolEnv(Env):
     def __init__(self, server: list[str] | str | None = None, url: str | None = None,
                  server_env: dict[str, str] | None = None, tasks: str | None = None, checker: str | Callable = "exact",
                  tools: list[str] | None = None, max_calls_per_turn: int = 4, invalid_reward: float = 0.0,
-                 start_timeout_s: float = 30.0, call_timeout_s: float = 30.0):
+                 start_timeout_s: float = 30.0, call_timeout_s: float = 30.0, sandbox: str | None = None,
+                 sandbox_binds: list[str] | None = None, sandbox_network: bool = False):
         super().__init__()
+        if sandbox not in (None, "bwrap"):
+            raise ValueError(f"MCPToolEnv: sandbox must be 'bwrap' or None, got {sandbox!r}")
+        if sandbox is not None and url is not None:
+            raise ValueError("MCPToolEnv: sandbox applies to a stdio server (server=), not to url=")
         if server is not None and url is not None:
             raise ValueError("MCPToolEnv: give server (a stdio command) or url (streamable HTTP), not both")
         if server is None and url is None:
@@ -109,6 +117,7 @@ class MCPToolEnv(Env):
             raise ValueError(f"MCPToolEnv: max_calls_per_turn must be a positive int, got {max_calls_per_turn!r}")
         self.server, self.url = server, url
         self.server_env = dict(server_env) if server_env else None  # added to the SDK's minimal default environment
+        self.sandbox, self.sandbox_binds, self.sandbox_network = sandbox, list(sandbox_binds or ()), bool(sandbox_network)
         self.tasks_path = Path(tasks) if tasks is not None else DEMO_TASKS
         self.tasks = load_tasks(self.tasks_path)
         self.checker_name = checker if isinstance(checker, str) else getattr(checker, "__name__", repr(checker))
@@ -132,6 +141,9 @@ class MCPToolEnv(Env):
         self.max_calls_per_turn, self.invalid_reward = max_calls_per_turn, float(invalid_reward)
         self.start_timeout_s, self.call_timeout_s = float(start_timeout_s), float(call_timeout_s)
         self.conn: MCPConnection | None = None
+        # Ends the server when the env is dropped unclosed (its connection's own thread keeps it alive otherwise,
+        # until the process exits); holds the connection, never the env.
+        self._finalizer: weakref.finalize | None = None
         self.tools: list[ToolSpec] = []
         self.index, self.task, self.current_key, self.done = 0, self.tasks[0], "", True
         self.history: list[Message] = []  # the episode so far, for checkers
@@ -140,18 +152,31 @@ class MCPToolEnv(Env):
     def _connect(self) -> None:
         if self.conn is not None and not self.conn.dead:
             return
-        if self.conn is not None:
-            self.conn.close()
-        self.conn = MCPConnection(command=self.server, url=self.url, env=self.server_env,
+        self.close()
+        command, env = self.server, self.server_env
+        if self.sandbox == "bwrap" and command is not None:
+            from agentrl.envs.bridges.mcp_sandbox import bwrap_command
+
+            # bwrap clears the environment: the server's variables are set inside instead
+            command, env = bwrap_command(command, binds=self.sandbox_binds, env=self.server_env,
+                                         network=self.sandbox_network), None
+        self.conn = MCPConnection(command=command, url=self.url, env=env,
                                   start_timeout_s=self.start_timeout_s, call_timeout_s=self.call_timeout_s)
+        if command is not self.server:  # errors name the server, not the sandbox's launcher line
+            self.conn.label = " ".join(self.server) + " (in bwrap)"  # type: ignore[arg-type]
+        self._finalizer = weakref.finalize(self, self.conn.close)
         listed = self.conn.start()
         names = {t.name for t in listed}
+        problem = None
         if self.check_tool is not None and self.check_tool not in names:
-            raise MCPServerError(f"MCP server {self.conn.label!r} has no checker tool {self.check_tool!r} "
-                                 f"(tools: {sorted(names)})")
+            problem = f"has no checker tool {self.check_tool!r} (tools: {sorted(names)})"
         missing = sorted(set(self.tool_names or ()) - names)
         if missing:
-            raise MCPServerError(f"MCP server {self.conn.label!r} has no tool(s) {missing} (tools: {sorted(names)})")
+            problem = f"has no tool(s) {missing} (tools: {sorted(names)})"
+        if problem is not None:  # a server this env cannot use: end it now, not when the env is closed
+            label = self.conn.label
+            self.close()
+            raise MCPServerError(f"MCP server {label!r} {problem}")
         self.tools = [t for t in listed if t.name != self.check_tool and (self.tool_names is None or t.name in self.tool_names)]
 
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -227,9 +252,10 @@ class MCPToolEnv(Env):
         return await run_sync(self.step, action)
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        if self._finalizer is not None:
+            self._finalizer()  # closes the connection, once
+            self._finalizer = None
+        self.conn = None
 
     # -- scoring --------------------------------------------------------------------------------------------------
     def _score(self, answer: str) -> float:

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from agentrl.cli import main
+from agentrl.testing.procs import running_descendants
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,3 +21,4 @@ def test_eval_runs_bridged_envs_with_their_oracles(tmp_path, capsys):
     episodes = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert sorted({e["env_id"] for e in episodes}) == ["mcp/Tools-v0", "reasoning_gym/leg_counting"]
     assert all(e["reward"] == 1.0 for e in episodes)
+    assert not running_descendants("mcp_demo_server.py")  # every episode's server ended with the eval

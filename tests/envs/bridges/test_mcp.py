@@ -21,6 +21,7 @@ from agentrl.envs.bridges.mcp_client import MCPServerError
 from agentrl.envs.bridges.mcp_tools import DEMO_SERVER, MCPToolEnv
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 from agentrl.policy import ScriptedPolicy
+from agentrl.testing.procs import running_descendants
 from agentrl.tools import format_tool_call
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,8 +31,8 @@ FAULT_SERVER = [sys.executable, str(Path(__file__).parent / "mcp_fault_server.py
 
 
 def _servers_running(marker: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+    """This test process's own servers still running (a machine-wide ``ps`` would see other sessions' servers)."""
+    return running_descendants(marker)
 
 
 def _write_tasks(path: Path, tasks: list[dict]) -> str:
@@ -94,6 +95,45 @@ def test_python_checker_and_bad_kwargs(tmp_path):
         MCPToolEnv(tasks=_write_tasks(tmp_path / "t.jsonl", [{"prompt": "ok"}, {"question": "no"}]))
     with pytest.raises(MCPServerError, match="has no checker tool 'grade'"):
         agentrl.make(MCP, checker="mcp:grade").reset(seed=0)
+    with pytest.raises(MCPServerError, match=r"has no tool\(s\) \['nope'\]"):
+        agentrl.make(MCP, tools=["lookup", "nope"]).reset(seed=0)
+    assert not _servers_running(DEMO_SERVER.name)  # a server the env cannot use is ended at once, not at exit
+
+
+def test_an_env_dropped_without_close_ends_its_server():
+    import gc
+
+    env = agentrl.make(MCP)
+    env.reset(seed=0)
+    pid = int(_servers_running(DEMO_SERVER.name)[0].split()[0])
+    del env
+    gc.collect()  # the env is garbage: its server is ended then, not when the process exits
+    assert not _servers_running(DEMO_SERVER.name)
+    with pytest.raises(ProcessLookupError):  # ended and reaped, not a zombie
+        os.kill(pid, 0)
+
+
+def test_the_server_check_sees_only_this_processs_servers(tmp_path):
+    """A process named like the demo server but started by something else (here: a grandchild whose parent has
+    exited, so init adopted it) is not counted, as a machine-wide ``ps`` grep would; one this process starts is."""
+    named = [sys.executable, "-c", "import time; time.sleep(300)", str(DEMO_SERVER)]
+    pidfile = tmp_path / "pid"
+    launcher = ("import subprocess, sys; p = subprocess.Popen(sys.argv[2:], start_new_session=True); "
+                "open(sys.argv[1], 'w').write(str(p.pid))")
+    subprocess.run([sys.executable, "-c", launcher, str(pidfile), *named], check=True)  # the launcher has exited
+    other = int(pidfile.read_text())
+    try:
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        assert any(line.split()[0] == str(other) for line in ps.splitlines())  # on the machine, named alike
+        own = subprocess.Popen(named)
+        try:
+            assert [line.split()[0] for line in _servers_running(DEMO_SERVER.name)] == [str(own.pid)]
+        finally:
+            own.kill()
+            own.wait()
+        assert not _servers_running(DEMO_SERVER.name)
+    finally:
+        os.kill(other, signal.SIGKILL)
 
 
 def test_a_server_from_the_package_index_mcp_server_time(tmp_path, capsys):
