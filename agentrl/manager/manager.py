@@ -28,7 +28,8 @@ from agentrl.trajectory import Group, Trajectory
 from agentrl.manager.workers import EnvWorker
 
 _COUNTERS = ("started", "finished", "cancelled", "failed", "dropped_stale", "rescheduled", "replaced", "surplus",
-             "delivered_groups", "failed_groups", "given_up_groups", "env_steps", "policy_calls", "worker_deaths")
+             "delivered_groups", "failed_groups", "given_up_groups", "env_steps", "policy_calls", "worker_deaths",
+             "infra_retried")
 
 
 class EnvManager:
@@ -398,7 +399,8 @@ class EnvManager:
     # ---- metrics ---------------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
         """Returns a snapshot: the counters (started, finished, cancelled, failed, dropped_stale, rescheduled,
-        replaced, surplus, accepted, delivered_groups, failed_groups, env_steps, policy_calls, worker_deaths;
+        replaced, surplus, accepted, delivered_groups, failed_groups, env_steps, policy_calls, worker_deaths,
+        infra_retried;
         ``failures/<cause>`` per :data:`~agentrl.manager.episode.FAILURE_CAUSES` once one happened), live
         gauges (running, held, pending, ready, max_running, version, workers_alive), env step latency percentiles
         in seconds (step_p50_s, step_p90_s, step_p99_s, step_max_s over the last ``latency_window`` steps) and
