@@ -91,6 +91,11 @@ class FleetPolicy(Policy):
         if hold_count == 0:
             self.holding.set()
         self._tasks: set[asyncio.Task] = set()
+        self.current_version = 0  # a training run's driver moves it with the trainer's version
+
+    @property
+    def version(self) -> int:
+        return self.current_version
 
     def session(self, meta: EpisodeMeta) -> PolicySession:
         return _FleetSession(self, meta)

@@ -70,3 +70,49 @@ async def test_fleet_faults_are_retried_in_fresh_sandboxes_and_counted_once(busy
     assert pool.stats.in_use == 0 and pool.stats.stopped == len(made)
     left = [x for sb in made.values() for x in leftovers(sb)]
     assert not left, left
+
+
+async def test_warm_pool_is_sized_by_the_admission_rule_and_made_before_episodes_ask():
+    """α=1, B=8, groups of 4: at most 4 groups open, 16 episodes at once. The pool makes those 16 before the run
+    starts (sized by the manager, not by hand), every episode of the first wave takes a warm one, and the fleet
+    never grows beyond the demand while the run goes on. (With ``extra_per_group``, a group's losers still closing
+    their env hold their sandbox a moment past the group's end: those are made on demand.)"""
+    from .conftest import BUSYBOX, require_backend
+
+    require_backend("bwrap", BUSYBOX)
+    from agentrl.sandboxes import SandboxSpec
+
+    spec = SandboxSpec(backend="bwrap", image=BUSYBOX, memory_mb=32, pids=32, ttl_s=300)
+    made: dict = {}
+    pool = recording_pool(made, max_alive=64, create_rate=200, create_burst=32)
+    policy = FleetPolicy(made, steps=1)
+    cfg = ManagerConfig(async_ratio=1, num_groups=2, group_size=4, max_concurrency=64,
+                        step_timeout_s=120, reset_timeout_s=120)
+
+    def tasks():
+        i = 0
+        while True:
+            i += 1
+            yield EpisodeSpec(SHELL, {"pool": pool, "spec": spec}, seed=i, task={"expect": "done"})
+
+    alive_max = 0
+    try:
+        async with EnvManager(cfg, policy) as m:
+            assert await m.warm_sandboxes(pool, spec, wait=True) == 16
+            assert pool.fresh_count == 16 and len(made) == 16 and pool.stats.in_use == 0  # before any episode
+            m.start(tasks())
+            for v in range(3):  # three training steps' batches: episodes end, new groups are admitted
+                batch = await asyncio.wait_for(m.next_batch(2), 300)
+                assert batch is not None and len(batch) == 2
+                alive_max = max(alive_max, pool.stats.in_use + pool.fresh_count)
+                policy.current_version = v + 1  # the engine got the new weights
+                m.set_version(v + 1)
+            await m.stop()
+            met = m.metrics()
+    finally:
+        await pool.close()
+    assert met["max_running"] == 16
+    assert pool.stats.warm_hits >= 16  # the first wave found its sandboxes ready
+    assert pool.stats.peak_in_use <= 16 and alive_max <= 16
+    left = [x for sb in made.values() for x in leftovers(sb)]
+    assert not left, left
