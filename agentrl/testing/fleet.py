@@ -55,7 +55,8 @@ def running(sb: Any, needle: str) -> bool:
         from agentrl.sandboxes.docker import docker_client
 
         try:
-            top = docker_client().api.top(sb.container_id)
+            # -ww: the engine's ps would cut command lines at its terminal width ($COLUMNS)
+            top = docker_client().api.top(sb.container_id, ps_args="-ef -ww")
         except Exception:
             return False
         return any(needle in " ".join(map(str, p)) for p in top.get("Processes") or [])
