@@ -19,6 +19,7 @@ The pool is passed in (``pool=``, in-process envs) or is the process-wide one of
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 from agentrl.core import Env
@@ -61,6 +62,7 @@ class ShellEnv(Env):
         self._stack: contextlib.AsyncExitStack | None = None
         self._expect = "done"
         self._turns = 0
+        self.start_s: float | None = None
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         await self.aclose()
@@ -72,16 +74,18 @@ class ShellEnv(Env):
         self._turns = 0
         pool = self.pool if self.pool is not None else shared_pool()
         stack = contextlib.AsyncExitStack()
+        t0 = time.monotonic()
         try:
             self.sandbox = await stack.enter_async_context(pool.acquire(self.spec, snapshot=self.snapshot))
         except SandboxError as e:
             await stack.aclose()
             raise await infra_error(e, self.spec.backend)
+        self.start_s = time.monotonic() - t0  # from asking the pool to holding the sandbox
         self._stack = stack
         obs = [{"role": "system", "content": f"Each of your messages is run as a shell command in sandbox "
                                              f"{self.sandbox.id}, in {self.spec.workdir}; its output comes back."},
                {"role": "user", "content": goal}]
-        return obs, {"sandbox_id": self.sandbox.id}
+        return obs, {"sandbox_id": self.sandbox.id, "sandbox_start_s": self.start_s}
 
     async def astep(self, action: str):
         if self.sandbox is None:
@@ -96,7 +100,8 @@ class ShellEnv(Env):
         done = self._expect in res.output
         msg = {"role": "tool", "name": "shell", "content": f"{out}\n[exit {res.exit_code}]"}
         truncated = not done and self._turns >= self.max_turns
-        return [msg], 1.0 if done else 0.0, done, truncated, {"exit_code": res.exit_code, "turn": self._turns}
+        return [msg], 1.0 if done else 0.0, done, truncated, {"exit_code": res.exit_code, "turn": self._turns,
+                                                              "sandbox_start_s": self.start_s}
 
     async def aclose(self) -> None:
         stack, self._stack, self.sandbox = self._stack, None, None

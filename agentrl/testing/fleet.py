@@ -81,10 +81,20 @@ class FleetPolicy(Policy):
     """Plays ``meta.task["fault"]`` (None, "kill", "oom", "disk", "hold") on an episode's first attempt, then
     ``steps`` commands and ``echo done``. ``sandboxes`` maps sandbox ids to the pool's sandboxes (the test's or
     benchmark's pool factory fills it) so that ``kill`` can find its victim. ``holding`` is set once ``hold_count``
-    ``hold`` commands run. ``kills`` counts the kills that landed."""
+    ``hold`` commands run. ``kills`` counts the kills that landed. ``barrier``: first attempts wait at their first
+    action until that many arrived (the whole fleet alive at once; ``all_up_at`` is when)."""
 
-    def __init__(self, sandboxes: dict[str, Any], steps: int = 2, loop: int = 100, hold_count: int = 0):
+    def __init__(self, sandboxes: dict[str, Any], steps: int = 2, loop: int = 100, hold_count: int = 0,
+                 barrier: int = 0):
         self.sandboxes, self.steps, self.loop = sandboxes, steps, loop
+        self.barrier = barrier  # first attempts wait at their first action until this many got there
+        self.arrived = 0
+        self.all_up = asyncio.Event()
+        self.all_up_at: float | None = None
+        self.barrier_timeout_s = 900.0
+        self.barrier_broken = False
+        if barrier == 0:
+            self.all_up.set()
         self.kills = 0
         self.held = 0
         self.hold_count = hold_count
@@ -117,7 +127,8 @@ class _FleetSession(PolicySession):
     def __init__(self, p: FleetPolicy, meta: EpisodeMeta):
         self.p, self.meta, self.turn = p, meta, 0
         task = meta.task if isinstance(meta.task, dict) else {}
-        self.fault = task.get("fault") if meta.trajectory_id.endswith(".0") else None
+        self.first = meta.trajectory_id.endswith(".0")
+        self.fault = task.get("fault") if self.first else None
         self.sandbox = None
 
     async def act(self, new_messages: list[dict]) -> Action:
@@ -125,6 +136,16 @@ class _FleetSession(PolicySession):
             m = _SANDBOX_ID.search(" ".join(str(x.get("content", "")) for x in new_messages))
             self.sandbox = self.p.sandboxes.get(m.group(1)) if m else None
         self.turn += 1
+        if self.turn == 1 and self.first and not self.p.all_up.is_set():
+            self.p.arrived += 1  # this episode's sandbox is alive: wait for the whole fleet to be
+            if self.p.arrived >= self.p.barrier:
+                self.p.all_up_at = time.monotonic()
+                self.p.all_up.set()
+            try:  # a first attempt that failed before its first action never arrives: go on after a while
+                await asyncio.wait_for(self.p.all_up.wait(), self.p.barrier_timeout_s)
+            except asyncio.TimeoutError:
+                self.p.barrier_broken = True
+                self.p.all_up.set()
         if self.turn == 1 and self.fault:
             if self.fault in ("kill", "hold"):
                 assert self.sandbox is not None, "FleetPolicy: the sandbox of this episode is not known"
