@@ -183,6 +183,7 @@ async def fleet(args, spec: SandboxSpec) -> dict:
         "faults": {f: sum(1 for x in faults.values() if x == f) for f in ("kill", "oom", "disk")},
         "kills_landed": policy.kills, "infra_retried": met["infra_retried"],
         "failures": {k.split("/", 1)[1]: v for k, v in met.items() if k.startswith("failures/")},
+        "failures_sample": sorted({(t.error or "")[:160] for t in failed})[:5],
         "warm_hits": pool.stats.warm_hits, "created": pool.stats.created, "stopped": pool.stats.stopped,
         "sandbox_mem_mean_mb": round(sum(mem) / len(mem) / 2**20, 2) if mem else None,
         "driver_peak_rss_mb": round(rss / 1024, 1),
