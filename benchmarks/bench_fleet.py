@@ -1,19 +1,26 @@
-"""Fleet benchmark: N sandboxes alive at once, each running an episode of K real commands, through one SandboxPool.
+"""Fleet benchmark: N sandboxes alive at once under the env manager, each running an episode of real commands.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_fleet.py --backend bwrap --count 8 [--steps 5] [--warm 8]
-        [--kill-frac 0.05] [--snapshot-iters 5] [--create-rate 100] [--memory-mb 64 --pids 32 --overcommit 4]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_fleet.py --backend bwrap --count 8 [--steps 2] [--step-loop N]
+        [--kill-frac 0.05 --oom-frac 0.01 --disk-frac 0.01] [--retries 3] [--no-warm] [--snapshot-iters 5]
+        [--create-rate 100] [--memory-mb 32 --pids 32 --overcommit 4]
 
-Flow: a pool with ``max_alive=count`` (its host guard refuses a count the host cannot hold, before anything starts);
-``--warm W`` fills a warm pool of W fresh sandboxes first (timed: warm_fill_s). Then ``count`` episodes start at
-once: each acquires a sandbox (start latency: from asking to holding it), waits until the whole fleet is alive
-(bring_up_s: from the first ask to the last sandbox held), then runs ``--steps`` commands (step latency per command).
-``--kill-frac`` kills that share of the sandboxes from outside while their first step runs (bwrap: every process of
-the sandbox's cgroup; docker: ``docker kill``); an episode whose sandbox fails is an infrastructure failure with its
-cause and is retried from its first step in a fresh sandbox, at most ``--retries`` times. At the end: episodes
-completed / lost / run twice (must be count / 0 / 0), env steps per second over the stepping phase, driver peak RSS,
-mean per-sandbox memory (bwrap: the sandbox's cgroup), and after the pool is closed the run's leftovers
-(containers, state dirs, cgroups: must be 0). ``--snapshot-iters``: p50 of a rebuild (fresh create + prepare) vs a
-snapshot restore of the prepared work dir, and their ratio. Prints one JSON object.
+Flow: ``count`` episodes of ``agentrl.envs.shell:ShellEnv`` (one sandbox each, from one SandboxPool with
+``max_alive=count``; its host guard refuses a count the host cannot hold, before anything starts) run through an
+:class:`~agentrl.manager.EnvManager` (``max_concurrency=count``) with :class:`agentrl.testing.fleet.FleetPolicy`.
+Unless ``--no-warm``, the manager sizes the pool's warm pool by its admission rule first
+(``EnvManager.warm_sandboxes``: here all ``count``; timed: warm_fill_s). Each first attempt waits at its first
+action until the whole fleet is alive (bring_up_s: from the run's start to that moment; start latency: each
+sandbox's from asking the pool to holding it), then runs ``--steps`` commands (a busybox shell loop of
+``--step-loop`` iterations each) and ``echo done``. Faults on first attempts (``--kill-frac``: the sandbox killed
+from outside while its command runs; ``--oom-frac``: a command past the memory limit; ``--disk-frac``: one past the
+work dir's size) end those episodes as infrastructure failures with their cause, retried by the manager in fresh
+sandboxes (``--retries`` = ``infra_retries``). Reported: episodes completed / lost / run to the end twice (must be
+count / 0 / 0), failures per cause, env steps/s over the stepping phase vs the ideal (the cores divided by the CPU
+time of the step's own command, run on the host with the image's busybox), step latency percentiles, driver peak
+RSS and per-episode driver memory, mean per-sandbox memory (its memory cgroup, sampled when the fleet is up), the
+driver's exit after the last result, and after the pool is closed the run's leftovers (containers, state dirs,
+cgroups: must be 0). ``--snapshot-iters``: p50 of a rebuild (fresh create + prepare) vs a snapshot restore of the
+prepared work dir, and their ratio. Prints one JSON object.
 
 Timings are only meaningful on a quiet machine; the load average is printed beside them.
 """
@@ -26,20 +33,22 @@ import json
 import os
 import resource
 import secrets
-import signal
+import subprocess
 import sys
 import time
 
 RUN = os.environ.setdefault("AGENTRL_RUN_ID", f"bench-fleet-{os.getpid()}-{secrets.token_hex(3)}")
-os.environ.setdefault("AGENTRL_SANDBOX_THREADS", "600")
+os.environ.setdefault("AGENTRL_SANDBOX_THREADS", "2600")
 
-from agentrl.sandboxes import (HostGuard, SandboxError, SandboxPool, SandboxSpec, create_sandbox,  # noqa: E402
-                               restore_snapshot, sweep, take_snapshot)
+from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig  # noqa: E402
+from agentrl.sandboxes import (HostGuard, SandboxPool, SandboxSpec, create_sandbox, restore_snapshot,  # noqa: E402
+                               rootfs_path, sweep, take_snapshot)
 from agentrl.sandboxes.base import LABEL_RUN, state_root  # noqa: E402
+from agentrl.testing.fleet import STEP, FleetPolicy  # noqa: E402
 
 # The prepared state of the snapshot comparison (a stand-in for a repo checkout and its set-up).
 PREPARE = "mkdir -p src && for i in $(seq 1 64); do echo $i > src/f$i; done"
-STEP = "i=0; while [ $i -lt {n} ]; do i=$((i+1)); done; echo step-{k}"  # a shell loop: the step's own cost
+SHELL = "agentrl.envs.shell:ShellEnv"
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -47,19 +56,6 @@ def pct(xs: list[float], q: float) -> float | None:
         return None
     xs = sorted(xs)
     return round(xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))], 4)
-
-
-def kill_from_outside(sb) -> None:
-    if sb.backend == "docker":
-        from agentrl.sandboxes.docker import docker_client
-
-        docker_client().api.kill(sb.container_id)
-        return
-    for pid in (sb.cgroup.pids() if sb.cgroup is not None else [p.pid for p in sb._procs]):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def leftovers(run: str) -> dict[str, int]:
@@ -86,87 +82,113 @@ def leftovers(run: str) -> dict[str, int]:
     return out
 
 
+def step_cpu_s(image: str, loop: int, reps: int = 20) -> float:
+    """CPU seconds of the step's own command (the shell loop), run on the host by the image's busybox."""
+    sh = rootfs_path(image) / "bin" / "sh"
+    argv = [str(sh) if sh.exists() else "/bin/sh", "-c", STEP.format(n=loop, k=0)]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(reps):
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / reps
+
+
+def sandbox_memory(sb) -> int | None:
+    if hasattr(sb, "memory_bytes"):
+        return sb.memory_bytes()
+    memcg = getattr(sb, "_memcg", None)
+    if memcg is None and getattr(sb, "init_pid", None):
+        from agentrl.sandboxes.cgroups import memory_cgroup_of
+
+        memcg = memory_cgroup_of(sb.init_pid)
+    for name in ("memory.current", "memory.usage_in_bytes"):
+        try:
+            return int((memcg / name).read_text()) if memcg is not None else None
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def faults_for(count: int, args) -> dict[int, str]:
+    """Spread each fault's share over the fleet (by index, interleaved)."""
+    out: dict[int, str] = {}
+    for name, frac, offset in (("kill", args.kill_frac, 0), ("oom", args.oom_frac, 1), ("disk", args.disk_frac, 2)):
+        if frac > 0:
+            k = round(count * frac)
+            for j in range(k):
+                i = (int(j * count / k) + offset) % count
+                while i in out:
+                    i = (i + 3) % count
+                out[i] = name
+    return out
+
+
 async def fleet(args, spec: SandboxSpec) -> dict:
+    made: dict = {}
+
+    async def factory(s):
+        sb = await create_sandbox(s, run=RUN).start()
+        made[sb.id] = sb
+        return sb
+
     pool = SandboxPool(max_alive=args.count, create_rate=args.create_rate, create_burst=args.create_burst,
-                       max_warm=0, guard=HostGuard(overcommit=args.overcommit))
+                       max_warm=0, guard=HostGuard(overcommit=args.overcommit), factory=factory, run=RUN)
+    n = args.count
+    faults = faults_for(n, args)
+    policy = FleetPolicy(made, steps=args.steps, loop=args.step_loop, barrier=n)
+    cfg = ManagerConfig(max_concurrency=n, num_groups=n, group_size=1, infra_retries=args.retries,
+                        max_failures_per_group=0, step_timeout_s=600, reset_timeout_s=1800, latency_window=1 << 20)
+    specs = [EpisodeSpec(SHELL, {"pool": pool, "spec": spec}, seed=i, task={"fault": faults.get(i), "expect": "done"})
+             for i in range(n)]
     out: dict = {}
-    if args.warm:
-        t0 = time.monotonic()
-        await pool.keep_warm(spec, args.warm, wait=True)
-        out["warm_fill_s"] = round(time.monotonic() - t0, 3)
-        await pool.keep_warm(spec, 0)  # what the fleet takes beyond the warm pool is made on demand
-    starts: list[float] = []
-    steps: list[float] = []
-    failures: list[str] = []
-    completed: dict[int, int] = {}
-    sandbox_mem: list[int] = []
-    victims = set(range(0, args.count, max(1, round(1 / args.kill_frac)))) if args.kill_frac > 0 else set()
-    ready = 0
-    all_up = asyncio.Event()
-    t_first = time.monotonic()
-    t_up: list[float] = []
-    stepping: list[float] = []
-
-    async def attempt(i: int, try_no: int) -> None:
-        t0 = time.monotonic()
-        async with pool.acquire(spec) as sb:
-            starts.append(time.monotonic() - t0)
-            if try_no == 0:
-                ready_bump()
-                await all_up.wait()
-                stepping.append(time.monotonic())
-            for k in range(args.steps):
-                cmd = STEP.format(n=args.step_loop, k=k)
-                if try_no == 0 and k == 0 and i in victims:
-                    cmd = f"sleep 30 # victim-{i}"
-                    task = asyncio.create_task(sb.exec(cmd, timeout=60))
-                    await asyncio.sleep(0.2)  # the command is starting; the kill lands during it
-                    kill_from_outside(sb)
-                    await task  # raises SandboxError: the kill is the cause
-                s0 = time.monotonic()
-                res = await sb.exec(cmd, timeout=60)
-                steps.append(time.monotonic() - s0)
-                if res.oom_killed or res.disk_full:  # the sandbox's limit, not the step: an infrastructure failure
-                    cause = "memory limit (OOM kill)" if res.oom_killed else "disk limit (work dir or /tmp full)"
-                    raise SandboxError(f"step {k} hit the sandbox's {cause}", sandbox_id=sb.id)
-                if not res.ok:
-                    raise SandboxError(f"step {k} failed: exit {res.exit_code}", sandbox_id=sb.id)
-            if hasattr(sb, "memory_bytes") and (m := sb.memory_bytes()) is not None:
-                sandbox_mem.append(m)
-        completed[i] = completed.get(i, 0) + 1
-
-    async def episode(i: int) -> None:
-        for try_no in range(args.retries + 1):
-            try:
-                return await attempt(i, try_no)
-            except SandboxError as e:
-                failures.append(f"episode {i} try {try_no}: {e}")
-                if try_no == 0 and ready < args.count and i not in completed:
-                    # a failure before the fleet was up still counts this episode as up, so the others go on
-                    ready_bump()
-
-    def ready_bump() -> None:
-        nonlocal ready
-        ready += 1
-        if ready == args.count:
-            t_up.append(time.monotonic())
-            all_up.set()
-
-    await asyncio.gather(*(episode(i) for i in range(args.count)))
-    t_end = time.monotonic()
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    async with EnvManager(cfg, policy) as m:
+        if not args.no_warm:
+            t0 = time.monotonic()
+            out["warm_target"] = await m.warm_sandboxes(pool, spec, wait=True)
+            out["warm_fill_s"] = round(time.monotonic() - t0, 3)
+        t_start = time.monotonic()
+        run = asyncio.ensure_future(m.run_episodes(specs))
+        await asyncio.wait([run, asyncio.ensure_future(policy.all_up.wait())], return_when=asyncio.FIRST_COMPLETED)
+        t_up = policy.all_up_at or time.monotonic()
+        if not args.no_warm:  # the fleet is up and no new episode will start: retries are made on demand
+            await pool.keep_warm(spec, 0, fleet=True)
+        alive = [sb for sb in made.values() if sb.running]
+        mem = [x for x in (sandbox_memory(sb) for sb in alive[:: max(1, len(alive) // 64)]) if x is not None]
+        steps_at_up = m.counts["env_steps"]
+        trajs = await run
+        t_last = time.monotonic()
+        met = m.metrics()
+        failed = list(m.failed)
     await pool.close()
-    t_step0 = min(stepping) if stepping else t_end
+    t_exit = time.monotonic()
+    ok = [t for t in trajs if t.termination == "terminated"]
+    starts = [t.info["sandbox_start_s"] for t in trajs + failed
+              if isinstance(t.info, dict) and t.info.get("sandbox_start_s") is not None]
+    lat = list(m._runner.latencies)
+    stepping_s = max(1e-9, t_last - t_up)
+    sps = (met["env_steps"] - steps_at_up) / stepping_s
+    cpu = step_cpu_s(args.image, args.step_loop)
+    ideal = (os.cpu_count() or 1) / cpu if cpu > 0 else None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out.update({
-        "bring_up_s": round((t_up[0] if t_up else t_end) - t_first, 3),
+        "bring_up_s": round(t_up - t_start, 3), "alive_at_up": len(alive), "barrier_broken": policy.barrier_broken,
         "start_p50_s": pct(starts, 0.5), "start_p99_s": pct(starts, 0.99),
-        "step_p50_s": pct(steps, 0.5), "step_p99_s": pct(steps, 0.99),
-        "steps_per_s": round(len(steps) / max(1e-9, t_end - t_step0), 2),
-        "episodes_completed": len(completed), "episodes_lost": args.count - len(completed),
-        "episodes_twice": sum(1 for v in completed.values() if v > 1),
-        "killed": len(victims), "infra_failures": len(failures), "failures_sample": failures[:3],
+        "step_p50_s": pct(lat, 0.5), "step_p99_s": pct(lat, 0.99),
+        "steps_per_s": round(sps, 2), "step_cmd_cpu_s": round(cpu, 5),
+        "ideal_steps_per_s": round(ideal, 2) if ideal else None,
+        "of_ideal": round(sps / ideal, 3) if ideal else None,
+        "episodes_completed": len(ok), "episodes_lost": n - len(ok),
+        "episodes_twice": met["finished"] - len(ok) + (len(ok) - len({t.id for t in ok})),
+        "faults": {f: sum(1 for x in faults.values() if x == f) for f in ("kill", "oom", "disk")},
+        "kills_landed": policy.kills, "infra_retried": met["infra_retried"],
+        "failures": {k.split("/", 1)[1]: v for k, v in met.items() if k.startswith("failures/")},
+        "failures_sample": sorted({(t.error or "")[:160] for t in failed})[:5],
         "warm_hits": pool.stats.warm_hits, "created": pool.stats.created, "stopped": pool.stats.stopped,
-        "sandbox_mem_mean_mb": round(sum(sandbox_mem) / len(sandbox_mem) / 2**20, 2) if sandbox_mem else None,
-        "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "sandbox_mem_mean_mb": round(sum(mem) / len(mem) / 2**20, 2) if mem else None,
+        "driver_peak_rss_mb": round(rss / 1024, 1),
+        "driver_kb_per_episode": round((rss - rss0) / n, 1),
+        "exit_after_last_result_s": round(t_exit - t_last, 3),
         "leftovers": leftovers(RUN),
     })
     return out
@@ -198,24 +220,27 @@ async def main() -> None:
     ap.add_argument("--backend", choices=("bwrap", "docker"), default="bwrap")
     ap.add_argument("--image", default="agentrl-busybox:latest")
     ap.add_argument("--count", type=int, default=8, help="sandboxes alive at once (episodes)")
-    ap.add_argument("--steps", type=int, default=5, help="commands per episode")
+    ap.add_argument("--steps", type=int, default=2, help="shell-loop commands per episode (then `echo done`)")
     ap.add_argument("--step-loop", type=int, default=1000, help="iterations of the step's shell loop")
-    ap.add_argument("--warm", type=int, default=0, help="warm pool size filled before the episodes start")
+    ap.add_argument("--no-warm", action="store_true", help="no warm pool (sandboxes made as episodes ask)")
     ap.add_argument("--create-rate", type=float, default=100.0)
     ap.add_argument("--create-burst", type=int, default=8)
-    ap.add_argument("--memory-mb", type=int, default=64)
+    ap.add_argument("--memory-mb", type=int, default=32)
     ap.add_argument("--pids", type=int, default=32)
     ap.add_argument("--overcommit", type=float, default=4.0)
     ap.add_argument("--kill-frac", type=float, default=0.0, help="share of sandboxes killed from outside mid-step")
-    ap.add_argument("--retries", type=int, default=1, help="fresh-sandbox retries of an episode after a failure")
+    ap.add_argument("--oom-frac", type=float, default=0.0, help="share of episodes whose command passes the memory limit")
+    ap.add_argument("--disk-frac", type=float, default=0.0, help="share of episodes whose command fills the work dir")
+    ap.add_argument("--retries", type=int, default=3, help="infra_retries: fresh-sandbox retries after such a failure")
     ap.add_argument("--snapshot-iters", type=int, default=0)
     args = ap.parse_args()
-    if args.count < 1 or args.steps < 1 or not (0 <= args.kill_frac <= 1):
-        ap.error("--count and --steps must be >= 1, --kill-frac within [0, 1]")
+    fr = (args.kill_frac, args.oom_frac, args.disk_frac)
+    if args.count < 1 or args.steps < 0 or not all(0 <= f <= 1 for f in fr) or sum(fr) > 1:
+        ap.error("--count must be >= 1, --steps >= 0, the fault shares within [0, 1] and at most 1 together")
     spec = SandboxSpec(backend=args.backend, image=args.image, memory_mb=args.memory_mb, pids=args.pids,
-                       ttl_s=3600, workdir_size_mb=64, tmp_size_mb=16)
-    out = {"backend": args.backend, "count": args.count, "steps": args.steps, "run": RUN,
-           "loadavg_before": os.getloadavg()}
+                       ttl_s=3600, workdir_size_mb=4, tmp_size_mb=4)
+    out = {"backend": args.backend, "count": args.count, "steps": args.steps, "step_loop": args.step_loop,
+           "run": RUN, "cpus": os.cpu_count(), "loadavg_before": os.getloadavg()}
     try:
         out["fleet"] = await fleet(args, spec)
         if args.snapshot_iters:
@@ -224,7 +249,8 @@ async def main() -> None:
         sweep(RUN)
     out["loadavg_after"] = os.getloadavg()
     print(json.dumps(out, indent=2))
-    bad = out["fleet"]["episodes_lost"] or out["fleet"]["episodes_twice"] or any(out["fleet"]["leftovers"].values())
+    f = out["fleet"]
+    bad = f["episodes_lost"] or f["episodes_twice"] or any(f["leftovers"].values())
     sys.exit(1 if bad else 0)
 
 

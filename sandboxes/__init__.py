@@ -40,7 +40,10 @@ Public API
 - ``SandboxError(message, sandbox_id=, transient=)``: the sandbox is not running (not started, stopped, expired,
   container/process died), or an engine call failed. Never a hang: every call ends within its timeout + grace.
   ``FileTooLarge(SandboxError)``: a read or download over its ``max_bytes``; ``.path``, ``.size`` (None when
-  unknown, e.g. /dev/zero), ``.max_bytes``; nothing is kept.
+  unknown, e.g. /dev/zero), ``.max_bytes``; nothing is kept. ``.failure_cause``: one of ``SANDBOX_FAILURE_CAUSES``
+  (``sandbox_lost``, ``sandbox_engine``, ``sandbox_oom``, ``sandbox_disk``) or None; an env names it with
+  ``infra_error(err, backend)`` and ``check_limits(result)`` (:mod:`.faults`), and the env manager retries such an
+  episode in a fresh sandbox (``ManagerConfig.infra_retries``).
 - ``SandboxPool(max_alive=64, create_rate=20.0, create_burst=4, retries=3, backoff_s=0.5, max_warm=8,
   guard=HostGuard(overcommit=4.0))``: ``acquire(spec, reuse=False)`` (async context manager), ``prewarm(spec, n)``,
   ``keep_warm(spec, n, wait=False)`` (a warm pool of fresh sandboxes, refilled in the background), ``close()``,
@@ -81,6 +84,7 @@ runs the sandboxes; elsewhere each backend falls back to weaker means and says s
 from __future__ import annotations
 
 from .base import (
+    SANDBOX_FAILURE_CAUSES,
     ExecResult,
     FileTooLarge,
     Mount,
@@ -95,12 +99,14 @@ from .build import build_image, rootfs_path
 from .bwrap import BwrapSandbox, bwrap_available
 from .docker import DockerSandbox, docker_available
 from .factory import create_sandbox
+from .faults import check_limits, infra_error
 from .guards import HostCapacityError, HostGuard, HostLimits
 from .pool import SandboxPool, TokenBucket
 from .snapshot import Snapshot, restore_snapshot, take_snapshot
 from .sweep import SweepReport, sweep
 
 __all__ = [
+    "SANDBOX_FAILURE_CAUSES",
     "BwrapSandbox",
     "DockerSandbox",
     "ExecResult",
@@ -119,9 +125,11 @@ __all__ = [
     "TokenBucket",
     "build_image",
     "bwrap_available",
+    "check_limits",
     "cleanup_all",
     "create_sandbox",
     "docker_available",
+    "infra_error",
     "restore_snapshot",
     "rootfs_path",
     "run_id",

@@ -39,15 +39,27 @@ DEFAULT_DOWNLOAD_MAX = 1 << 30  # download / download_file: bytes streamed to th
 PLAIN_TIMEOUT_S = 600.0  # file transfers
 
 
+SANDBOX_FAILURE_CAUSES = ("sandbox_lost", "sandbox_engine", "sandbox_oom", "sandbox_disk")
+"""Why an episode's sandbox failed it (``SandboxError.failure_cause``; the env manager counts them as
+``failures/<cause>`` and retries the episode in a fresh sandbox): ``sandbox_lost``: its processes or container died
+(killed from outside, expired, removed); ``sandbox_engine``: its engine (the docker daemon) did not answer;
+``sandbox_oom``: a command hit its memory limit; ``sandbox_disk``: its work dir or /tmp filled up."""
+
+
 class SandboxError(RuntimeError):
     """A sandbox cannot do what was asked: it failed to start, its container/process died, it was stopped or
-    expired, or an engine call failed. Carries the sandbox id (or "") so logs can name it."""
+    expired, or an engine call failed. Carries the sandbox id (or "") so logs can name it, and ``failure_cause``
+    (one of :data:`SANDBOX_FAILURE_CAUSES`, or None when the raiser did not know it: see
+    :func:`agentrl.sandboxes.faults.infra_error`)."""
 
-    def __init__(self, message: str, *, sandbox_id: str = "", transient: bool = False):
+    def __init__(self, message: str, *, sandbox_id: str = "", transient: bool = False, cause: str | None = None):
         super().__init__(f"sandbox {sandbox_id}: {message}" if sandbox_id else message)
+        if cause is not None and cause not in SANDBOX_FAILURE_CAUSES:
+            raise ValueError(f"SandboxError cause must be one of {SANDBOX_FAILURE_CAUSES}, got {cause!r}")
         self.sandbox_id = sandbox_id
         # True when retrying the same call may succeed (engine busy, rate limit): the pool retries these.
         self.transient = transient
+        self.failure_cause = cause
 
 
 class FileTooLarge(SandboxError):

@@ -106,7 +106,8 @@ class DockerSandbox(Sandbox):
         try:
             client = docker_client()
         except Exception as e:  # docker.errors.DockerException: no engine at DOCKER_HOST (yet)
-            raise SandboxError(f"docker engine unreachable: {e}", sandbox_id=self.id, transient=True) from e
+            raise SandboxError(f"docker engine unreachable: {e}", sandbox_id=self.id, transient=True,
+                               cause="sandbox_engine") from e
         now = time.time()
         ttl = max(1, math.ceil(spec.ttl_s))
         labels = {

@@ -115,7 +115,8 @@ class SandboxPool:
         self._sweeps: dict[str, asyncio.Future] = {}
         self.guard = guard if guard is not None else HostGuard()
         self._fresh: dict[str, list[Sandbox]] = defaultdict(list)
-        self._targets: dict[str, tuple[SandboxSpec, Snapshot | None, int]] = {}
+        self._targets: dict[str, tuple[SandboxSpec, Snapshot | None, int, bool]] = {}
+        self._held: dict[str, int] = defaultdict(int)  # handed out, per key (a fleet target counts them)
         self._making: dict[str, int] = defaultdict(int)
         self._refill_wake = asyncio.Event()
         self._refill_task: asyncio.Task | None = None
@@ -186,21 +187,24 @@ class SandboxPool:
                 raise err
 
     async def keep_warm(self, spec: SandboxSpec, n: int, *, wait: bool = False,
-                        snapshot: Snapshot | None = None) -> None:
+                        snapshot: Snapshot | None = None, fleet: bool = False) -> None:
         """Keep ``n`` fresh sandboxes of ``spec`` made ahead of the acquires that take them (0 stops refilling;
-        those already made stay until taken or ``close()``). ``wait``: return once ``n`` are ready. ``snapshot``: each
-        is restored to it before it counts as ready (``acquire(spec, snapshot=...)`` takes those). Raises
-        HostCapacityError at once when the host cannot hold them on top of what the pool holds."""
+        those already made stay until taken or ``close()``). ``wait``: return once they are ready. ``snapshot``: each
+        is restored to it before it counts as ready (``acquire(spec, snapshot=...)`` takes those). ``fleet``: ``n``
+        is the size of the whole fleet, the sandboxes of ``spec`` handed out included: the pool keeps ``n`` minus
+        those fresh, so that every one of ``n`` concurrent episodes finds one ready and no more are made (a release
+        makes room for the next; :meth:`agentrl.manager.EnvManager.warm_sandboxes` sizes ``n`` by the admission
+        rule). Raises HostCapacityError at once when the host cannot hold them on top of what the pool holds."""
         if n < 0:
             raise ValueError(f"keep_warm n must be >= 0, got {n}")
         if self._closed:
             raise SandboxError("pool is closed")
         self._sweep_once(spec.backend)
         key = _key(spec, snapshot)
-        missing = n - len(self._fresh[key]) - self._making[key]
+        missing = self._missing(key, n, fleet)
         if missing > 0:
             self.guard.check(spec, missing)
-        self._targets[key] = (spec, snapshot, n)
+        self._targets[key] = (spec, snapshot, n, fleet)
         self.refill_error = None  # a new target: wait for what this refill meets, not an earlier one
         if self._refill_task is None:
             self._refill_task = asyncio.create_task(self._refill_loop())
@@ -208,9 +212,15 @@ class SandboxPool:
         if wait:
             async with self._fresh_ready:
                 await self._fresh_ready.wait_for(
-                    lambda: len(self._fresh[key]) >= n or self.refill_error is not None or self._closed)
-            if self.refill_error is not None and len(self._fresh[key]) < n:
+                    lambda: self._missing(key, n, fleet, making=False) <= 0 or self.refill_error is not None
+                    or self._closed)
+            if self.refill_error is not None and self._missing(key, n, fleet, making=False) > 0:
                 raise self.refill_error
+
+    def _missing(self, key: str, n: int, fleet: bool, making: bool = True) -> int:
+        """What the target ``n`` of ``key`` still lacks (fresh, being made unless ``making`` is false, and with
+        ``fleet`` those handed out)."""
+        return n - len(self._fresh[key]) - (self._making[key] if making else 0) - (self._held[key] if fleet else 0)
 
     async def _refill_loop(self) -> None:
         """Make what the targets miss, concurrently, each creation through the bucket (which paces them)."""
@@ -220,8 +230,8 @@ class SandboxPool:
             if self._closed:
                 return
             jobs = []
-            for key, (spec, snapshot, n) in list(self._targets.items()):
-                for _ in range(n - len(self._fresh[key]) - self._making[key]):
+            for key, (spec, snapshot, n, fleet) in list(self._targets.items()):
+                for _ in range(self._missing(key, n, fleet)):
                     self._making[key] += 1
                     jobs.append(self._refill_one(key, spec, snapshot))
             if jobs:
@@ -293,14 +303,20 @@ class SandboxPool:
                 sb = await self._new(spec, snapshot)
             self.stats.in_use += 1
             self.stats.peak_in_use = max(self.stats.peak_in_use, self.stats.in_use)
+            self._held[key] += 1
             keep = False
             try:
                 yield sb
                 keep = reuse
             finally:
                 self.stats.in_use -= 1
-                # Shielded: a cancelled holder must still release its sandbox.
-                await asyncio.shield(self._release(key, snapshot, sb, keep))
+                self._held[key] -= 1
+                try:
+                    # Shielded: a cancelled holder must still release its sandbox.
+                    await asyncio.shield(self._release(key, snapshot, sb, keep))
+                finally:
+                    if key in self._targets:  # a fleet target has room for the next episode's sandbox now
+                        self._refill_wake.set()
 
     async def _release(self, key: str, snapshot: Snapshot | None, sb: Sandbox, keep: bool) -> None:
         if keep and not self._closed and sb.running and len(self._warm[key]) < self.max_warm:

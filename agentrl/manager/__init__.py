@@ -64,6 +64,15 @@ episodes; they are rescheduled on live workers (``rescheduled``) and, with ``res
 takes its place. Failed attempts are kept in :attr:`EnvManager.failed` (most recent ``failed_history``), never in
 groups, and are never scored: ``info["failure_cause"]`` names why (:data:`~agentrl.manager.episode.FAILURE_CAUSES`)
 and ``metrics()`` counts them as ``failures/<cause>``. Every trajectory id is unique (``<group id>.<attempt>``) and a finished trajectory is delivered at most once.
+Infrastructure failures (an env raising an error whose ``failure_cause`` names its sandbox lost, its engine gone,
+its memory or disk limit hit: ``sandbox_lost``, ``sandbox_engine``, ``sandbox_oom``, ``sandbox_disk``) are
+counted the same way and retried in a fresh env, hence a fresh sandbox, up to ``infra_retries`` times per member
+(``infra_retried``) before they are charged to the failure budget.
+
+Sandbox fleets: :meth:`EnvManager.sandbox_demand` is the most episodes the rules let run at once
+(``max_concurrency`` capped by the admission rule's open groups times their members, or a batch round's groups);
+:meth:`EnvManager.warm_sandboxes` keeps a :class:`~agentrl.sandboxes.SandboxPool`'s warm pool at that fleet size,
+so sandboxes are made before the episodes ask for them (``agentrl.envs.shell:ShellEnv`` takes them from its pool).
 
 Trajectory fields: ``messages`` holds the whole conversation (opening messages, the policy's actions as assistant
 messages, env messages), ``rewards`` one reward per step, ``reward`` the sum of step rewards unless the last env

@@ -108,6 +108,14 @@ class Admission:
         top = self.ceiling(engine_version)
         return top is None or reserved + group_size <= top
 
+    def max_open_groups(self, group_size: int) -> int | None:
+        """The most groups open at once under rule 1 (None: no bound): ``group_size·open <= (α + a + 1)·B −
+        accepted`` and ``accepted >= v·B >= a·B`` (the trainer consumed ``B`` per step; a consumer's ``discard``
+        can lift it for a while), so ``open <= ⌊(α + 1)·B / group_size⌋``."""
+        if self.alpha is None:
+            return None
+        return max(1, (self.alpha + 1) * self.batch_size // group_size)
+
     def accept(self, n: int) -> None:
         """``n`` trajectories were delivered in a complete group."""
         self.accepted += int(n)

@@ -37,7 +37,12 @@ class EpisodeConfig:
     """How the manager runs episodes: where envs live, how many run at once, group shapes, timeouts (see
     :mod:`agentrl.manager` for the rules they drive). Everything of :class:`ManagerConfig` except the admission rule,
     which a training run derives from its own ``async_ratio`` and batch (``TrainConfig.manager`` is one of these).
-    ``max_failures_per_group``: failed or stale attempts a group may replace before it is given up."""
+    ``max_failures_per_group``: failed or stale attempts a group may replace before it is given up.
+    ``infra_retries`` (0..100): fresh attempts a group member (an episode and its replacements) gets after
+    infrastructure failures (its sandbox killed from outside, its engine gone, its memory or disk limit hit:
+    :data:`~agentrl.manager.host.INFRA_CAUSES`), in a fresh env and so a fresh sandbox, without charging the group's
+    failure budget; each failure is still counted (``failed``, ``failures/<cause>``) and each such retry in
+    ``infra_retried``. Past it, such a failure is charged to the budget like any other."""
 
     CONFIG_HINTS: ClassVar[dict[str, str]] = {
         "async_ratio": "set async_ratio at the top level: a training run owns its admission rule",
@@ -64,6 +69,7 @@ class EpisodeConfig:
     policy_timeout_s: float | None = None
     episode_timeout_s: float | None = None
     max_failures_per_group: int = 3
+    infra_retries: int = 3
     rpc_grace_s: float = 10.0  # extra driver-side wait for a worker's reply beyond the call's own timeout
     rpc_batch_window_s: float = 0.0  # Ray workers: >0 holds requests/replies this long to send them in one call
     latency_window: int = 65536  # env step latencies kept for percentiles
@@ -77,6 +83,8 @@ class EpisodeConfig:
         for name in ("workers", "extra_groups", "extra_per_group", "max_failures_per_group"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.infra_retries <= 100:
+            raise ValueError(f"infra_retries must be within [0, 100], got {self.infra_retries}")
         for name in ("step_timeout_s", "reset_timeout_s", "close_timeout_s", "policy_timeout_s", "episode_timeout_s",
                      "rpc_grace_s"):
             v = getattr(self, name)

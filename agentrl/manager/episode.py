@@ -20,6 +20,7 @@ from agentrl.manager.config import ManagerConfig
 from agentrl.manager.groups import clock
 from agentrl.policy import EpisodeMeta, Policy, PolicySession
 from agentrl.trajectory import Trajectory
+from agentrl.manager.host import INFRA_CAUSES
 from agentrl.manager.workers import EnvFailure, EnvWorker, WorkerDied
 
 if TYPE_CHECKING:
@@ -27,12 +28,15 @@ if TYPE_CHECKING:
 
 
 FAILURE_CAUSES = ("worker_died", "env_make", "env_exception", "env_timeout", "env_protocol", "env_cancelled",
-                  "policy_timeout", "policy_error", "episode_timeout")
+                  "policy_timeout", "policy_error", "episode_timeout") + INFRA_CAUSES
 """Why an episode ended in ``error`` (``Trajectory.info["failure_cause"]``, counted as ``failures/<cause>``). None of
 them is the policy's doing as a move in the env: an env that raises, hangs, breaks the contract or loses its host
 (its worker, its sandbox, its server), and a policy that cannot answer (its engine or server failed, it timed out).
 Such an episode is never scored: it is replaced within its group (:mod:`agentrl.manager.groups`). What the policy
-does wrong inside the env (a malformed action, the turn limit) ends the episode normally, with the env's reward."""
+does wrong inside the env (a malformed action, the turn limit) ends the episode normally, with the env's reward.
+The infrastructure causes (:data:`~agentrl.manager.host.INFRA_CAUSES`: ``sandbox_lost``, ``sandbox_engine``,
+``sandbox_oom``, ``sandbox_disk``) are retried in a fresh env (hence a fresh sandbox) up to ``infra_retries`` times
+before they are charged to the group's failure budget."""
 
 
 class StaleEpisode(Exception):
@@ -162,7 +166,10 @@ class EpisodeRunner:
         except EnvFailure as e:
             traj.termination = "error"
             traj.error = f"EnvFailure(kind={e.kind!r}, {e.message!r})" + (f"\n{e.traceback_text}" if e.traceback_text else "")
-            cause = f"env_{e.kind}" if f"env_{e.kind}" in FAILURE_CAUSES else "env_exception"
+            if e.kind in INFRA_CAUSES:
+                cause, ep.infra = e.kind, True
+            else:
+                cause = f"env_{e.kind}" if f"env_{e.kind}" in FAILURE_CAUSES else "env_exception"
         except (TimeoutError, asyncio.TimeoutError) as e:
             traj.termination, traj.error = "error", f"TimeoutError({str(e) or 'policy_timeout_s exceeded'!r})"
             cause = "episode_timeout" if "episode_timeout_s" in str(e) else "policy_timeout"

@@ -14,8 +14,8 @@ Invariants
 - ``held`` equals the number of winners of open groups; a ready group holds exactly ``group_size`` winners and
   counts as accepted for admission (taking it keeps it accepted, reopening it un-counts it).
 - An episode that ends while its group is open is exactly one of: a winner; replaced (an error, a dead worker or
-  stale tokens: charged to the group's failure budget, except a dead worker's); or the end of its group (budget
-  spent: abandoned). An episode that ends after its group left ``open``, or after it was cancelled as a loser (even if
+  stale tokens: charged to the group's failure budget, except a dead worker's and the first ``infra_retries``
+  infrastructure failures of a member and its replacements); or the end of its group (budget spent: abandoned). An episode that ends after its group left ``open``, or after it was cancelled as a loser (even if
   the cancel landed while it was releasing its env), is never a winner: it counts as ``surplus`` or ``cancelled``.
 - A trajectory is delivered at most once and every trajectory id is unique (``<group id>.<attempt>``).
 - Cancelled losers' tasks stay in ``round.reap`` until their env is closed; a round ends only after awaiting them.
@@ -49,9 +49,9 @@ class Episode:
     """One attempt at one group member (queued, running or ended)."""
 
     __slots__ = ("id", "group", "spec", "created", "task", "worker", "cancel_reason", "oldest_version", "stale",
-                 "worker_died", "result", "started", "give_up")
+                 "worker_died", "result", "started", "give_up", "infra", "infra_tries")
 
-    def __init__(self, group: "GroupState"):
+    def __init__(self, group: "GroupState", infra_tries: int = 0):
         self.group, self.spec = group, group.spec
         self.id = f"{group.tag}.{next(group.attempts)}"
         self.created = clock()
@@ -64,6 +64,8 @@ class Episode:
         self.result: Trajectory | None = None
         self.started = False
         self.give_up = False  # the policy gave the group up (GiveUpGroup)
+        self.infra = False  # ended by an infrastructure failure (its sandbox lost, killed, OOM, disk full)
+        self.infra_tries = infra_tries  # infrastructure failures of the attempts this one retries
 
 
 class GroupState:
@@ -190,8 +192,8 @@ class GroupBook:
             self.enqueue(g)
         return g
 
-    def enqueue(self, g: GroupState, front: bool = False) -> None:
-        ep = Episode(g)
+    def enqueue(self, g: GroupState, front: bool = False, infra_tries: int = 0) -> None:
+        ep = Episode(g, infra_tries)
         g.pending += 1
         if front:
             self.pending.appendleft(ep)
@@ -228,8 +230,11 @@ class GroupBook:
             if ep.worker_died:
                 c["rescheduled"] += 1
                 self._replace(g)
+            elif ep.infra and ep.infra_tries < self.cfg.infra_retries:
+                c["infra_retried"] += 1  # a fresh env, so a fresh sandbox; not charged to the failure budget
+                self._replace(g, ep.infra_tries + 1)
             else:
-                self._retry(g, "replaced")
+                self._retry(g, "replaced", ep.infra_tries)
             return
         if ep.stale or stale_cancel or self.admission.is_stale(ep.oldest_version, self.engine_version()):
             self._stale(g)
@@ -243,8 +248,9 @@ class GroupBook:
         self.counts["dropped_stale"] += 1
         self._retry(g, None)
 
-    def _retry(self, g: GroupState, counter: str | None) -> None:
-        """Charges a failed or stale attempt to ``g``: a replacement, or the end of the group once its budget is
+    def _retry(self, g: GroupState, counter: str | None, infra_tries: int = 0) -> None:
+        """Charges a failed or stale attempt to ``g``: a replacement (inheriting the attempt's ``infra_tries``, so
+        that infrastructure retries stay bounded across replacements), or the end of the group once its budget is
         spent (a task whose episodes keep failing or going stale is not resampled for ever)."""
         g.failures += 1
         if g.failures > self.cfg.max_failures_per_group:
@@ -252,11 +258,11 @@ class GroupBook:
             return
         if counter:
             self.counts[counter] += 1
-        self._replace(g)
+        self._replace(g, infra_tries)
 
-    def _replace(self, g: GroupState) -> None:
+    def _replace(self, g: GroupState, infra_tries: int = 0) -> None:
         if not g.round.closed:
-            self.enqueue(g, front=True)
+            self.enqueue(g, front=True, infra_tries=infra_tries)
 
     # ---- group transitions ------------------------------------------------------------------------------------
     def _cancel_live(self, g: GroupState, reason: str) -> None:

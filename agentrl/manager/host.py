@@ -29,11 +29,17 @@ from typing import Any
 import numpy as np
 
 from agentrl.core import Message, MessagesSpace, as_messages, run_sync
+from agentrl.sandboxes.base import SANDBOX_FAILURE_CAUSES
 
-FAILURE_KINDS = ("make", "exception", "timeout", "protocol", "cancelled")
+INFRA_CAUSES = SANDBOX_FAILURE_CAUSES
+"""Infrastructure failures an env names by raising an exception whose ``failure_cause`` is one of these (a
+:class:`~agentrl.sandboxes.SandboxError` named by :func:`~agentrl.sandboxes.infra_error`): the env lost its sandbox
+(killed from outside, its engine gone, its memory or disk limit hit). The reply's kind is the cause itself."""
+
+FAILURE_KINDS = ("make", "exception", "timeout", "protocol", "cancelled") + INFRA_CAUSES
 """``make``: the env could not be created; ``exception``: reset/step raised; ``timeout``: a call exceeded its
 timeout; ``protocol``: the env returned something that breaks the gymnasium contract; ``cancelled``: the call was
-cancelled because the env was closed."""
+cancelled because the env was closed; one of :data:`INFRA_CAUSES`: reset/step raised an infrastructure failure."""
 
 Reply = tuple  # ("ok", value) | ("err", kind, message, traceback_text)
 
@@ -188,6 +194,10 @@ class EnvHost:
         self.counts["errors"] += 1
         return ("err", kind, message, tb)
 
+    def _raised(self, e: Exception, what: str) -> Reply:
+        cause = getattr(e, "failure_cause", None)
+        return self._err(cause if cause in INFRA_CAUSES else "exception", f"{what} raised {e!r}", _tb_summary(e))
+
     async def _call(self, handle: str, coro: Any, timeout: float | None, what: str) -> Reply:
         if self.call_mode != "child" and hasattr(asyncio, "timeout"):
             return await self._call_in_own_task(handle, coro, timeout, what)
@@ -204,7 +214,7 @@ class EnvHost:
                 return self._err("cancelled", f"{what} was cancelled because the env was closed")
             raise
         except Exception as e:
-            return self._err("exception", f"{what} raised {e!r}", _tb_summary(e))
+            return self._raised(e, what)
         finally:
             self._env_time += time.perf_counter() - t0
             if self._inflight.get(handle) is task:
@@ -229,7 +239,7 @@ class EnvHost:
                 raise
             return self._err("cancelled", f"{what} was cancelled because the env was closed")
         except Exception as e:
-            return self._err("exception", f"{what} raised {e!r}", _tb_summary(e))
+            return self._raised(e, what)
         finally:
             self._env_time += time.perf_counter() - t0
             if own and self._inflight.get(handle) is task:

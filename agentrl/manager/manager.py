@@ -27,7 +27,8 @@ from agentrl.trajectory import Group, Trajectory
 from agentrl.manager.workers import EnvWorker
 
 _COUNTERS = ("started", "finished", "cancelled", "failed", "dropped_stale", "rescheduled", "replaced", "surplus",
-             "delivered_groups", "failed_groups", "given_up_groups", "env_steps", "policy_calls", "worker_deaths")
+             "delivered_groups", "failed_groups", "given_up_groups", "env_steps", "policy_calls", "worker_deaths",
+             "infra_retried")
 
 
 class EnvManager:
@@ -394,10 +395,34 @@ class EnvManager:
         if r is not None:
             await self._end(r, "stopped")
 
+    # ---- sandboxes ahead of the episodes ---------------------------------------------------------------------
+    def sandbox_demand(self) -> int:
+        """The most episodes this manager's rules let run at once, hence the sandboxes they can ask for at once:
+        ``max_concurrency``, capped by the open groups times their ``group_size + extra_per_group`` members, where
+        the open groups are bounded by the admission rule when ``async_ratio`` is set
+        (:meth:`~agentrl.manager.admission.Admission.max_open_groups`), else by a batch round's ``num_groups +
+        extra_groups``. A group's losers (``extra_per_group``) still closing their env when the next group opens
+        hold their sandbox a moment longer: the pool makes those on demand."""
+        c = self.cfg
+        groups = self.admission.max_open_groups(c.group_size)
+        if groups is None:
+            groups = c.num_groups + c.extra_groups
+        return max(1, min(c.max_concurrency, groups * (c.group_size + c.extra_per_group)))
+
+    async def warm_sandboxes(self, pool: Any, spec: Any, *, snapshot: Any = None, wait: bool = False) -> int:
+        """Sizes ``pool``'s warm pool of ``spec`` (a :class:`~agentrl.sandboxes.SandboxPool`) by
+        :meth:`sandbox_demand` as a fleet target: sandboxes are made before the episodes ask for them, every
+        episode the admission rule lets start finds one ready, and none beyond are made. ``wait``: return once they
+        are ready. Returns the demand."""
+        n = self.sandbox_demand()
+        await pool.keep_warm(spec, n, wait=wait, snapshot=snapshot, fleet=True)
+        return n
+
     # ---- metrics ---------------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
         """Returns a snapshot: the counters (started, finished, cancelled, failed, dropped_stale, rescheduled,
-        replaced, surplus, accepted, delivered_groups, failed_groups, env_steps, policy_calls, worker_deaths;
+        replaced, surplus, accepted, delivered_groups, failed_groups, env_steps, policy_calls, worker_deaths,
+        infra_retried;
         ``failures/<cause>`` per :data:`~agentrl.manager.episode.FAILURE_CAUSES` once one happened), live
         gauges (running, held, pending, ready, max_running, version, workers_alive), env step latency percentiles
         in seconds (step_p50_s, step_p90_s, step_p99_s, step_max_s over the last ``latency_window`` steps) and

@@ -6,6 +6,9 @@ fault-injection benchmark. Use them by entry point, e.g. ``EpisodeSpec("agentrl.
 - :class:`StuckLoopEnv`: an async env whose ``astep`` blocks the worker's whole event loop (``time.sleep``), as a
   buggy env or a C extension holding the GIL would: the worker stops answering without dying. With
   ``once_file``, only the first instance (on any process of this host) to create that file gets stuck.
+- :class:`InfraFailEnv`: its sandbox "fails" the way a real one does (a ``SandboxError`` naming its
+  ``failure_cause``) at the step ``fail_at`` (``-1``: reset) of the first ``fail_times`` instances opened with the
+  same ``key`` in this process; the others run ``turns`` steps and terminate with reward 1.
 """
 
 from __future__ import annotations
@@ -80,3 +83,37 @@ class StuckLoopEnv(Env):
         await asyncio.sleep(self.step_latency)
         self.t += 1
         return [{"role": "user", "content": f"turn {self.t}"}], 1.0, self.t >= self.turns, False, {"pid": os.getpid()}
+
+
+_INFRA_OPENED: dict[str, int] = {}
+
+
+class InfraFailEnv(Env):
+    """See the module docstring; :data:`_INFRA_OPENED` counts the instances reset per ``key``."""
+
+    def __init__(self, key: str, cause: str = "sandbox_lost", fail_at: int = 0, fail_times: int = 1, turns: int = 2):
+        super().__init__()
+        self.key, self.cause, self.fail_at, self.fail_times, self.turns = key, cause, fail_at, fail_times, turns
+        self.t = 0
+        self.failing = False
+
+    def _fail(self) -> None:
+        from agentrl.sandboxes import SandboxError
+
+        raise SandboxError(f"injected infrastructure failure ({self.cause})", sandbox_id=f"fake-{self.key}",
+                           cause=self.cause)
+
+    async def areset(self, *, seed=None, options=None):
+        n = _INFRA_OPENED.get(self.key, 0)
+        _INFRA_OPENED[self.key] = n + 1
+        self.failing, self.t = n < self.fail_times, 0
+        if self.failing and self.fail_at < 0:
+            self._fail()
+        return [{"role": "user", "content": f"attempt {n}"}], {"attempt": n}
+
+    async def astep(self, action):
+        if self.failing and self.t == self.fail_at:
+            self._fail()
+        self.t += 1
+        done = self.t >= self.turns
+        return [{"role": "user", "content": f"turn {self.t}"}], 1.0 if done else 0.0, done, False, {"t": self.t}
