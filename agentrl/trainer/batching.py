@@ -239,8 +239,9 @@ class MicroBatch:
     num_tokens: int  # real tokens, sum n_i
     # [b] long: the sequence (trajectory) each row belongs to, 0..S-1; None when every row is its own sequence
     seq_index: Tensor | None = None
-    # tree layout only: [1, 1, L, L] bool, True where a node attends to another (itself and its ancestors)
-    attention_mask: Tensor | None = None
+    # tree layout only: [L] long, one past the last node of each node's subtree (Tree.end): node i attends to node
+    # j iff j <= i < tree_end[j] (itself and its ancestors); the model's mask is built from it per forward
+    tree_end: Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -260,12 +261,12 @@ def collate(seqs: list[Seq], device: torch.device, *, packing: bool = False, tre
     rows = torch.cat([torch.full((n - 1,), i, dtype=torch.long) for i, n in enumerate(lengths)])
     cols = torch.cat([torch.arange(n - 1) for n in lengths])
     targets = torch.cat([s.ids[1:] for s in seqs])
-    attention_mask = None
+    tree_end = None
     if tree:
         t = build_tree([s.ids for s in seqs])
         input_ids, position_ids = t.tokens[None], t.depth[None]
         src = torch.cat(t.paths)
-        attention_mask = t.mask[None, None].to(device)
+        tree_end = t.end.to(device)
     elif packing:
         input_ids = torch.cat([s.ids for s in seqs])[None]
         position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
@@ -293,7 +294,7 @@ def collate(seqs: list[Seq], device: torch.device, *, packing: bool = False, tre
         adv=_adv(seqs, T).to(device),
         reward=torch.tensor([s.reward for s in seqs], dtype=torch.float32, device=device),
         prox=opt("prox"), ref=opt("ref"),
-        num_tokens=sum(lengths), seq_index=_seq_index(seqs, device), attention_mask=attention_mask,
+        num_tokens=sum(lengths), seq_index=_seq_index(seqs, device), tree_end=tree_end,
     )
 
 

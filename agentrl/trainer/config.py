@@ -230,11 +230,12 @@ class TrainerConfig:
     of its sequences share (a group's prompt, the history every split-mode segment repeats, a forked session) is
     computed once, with a tree attention mask and depth position ids; log-probs and gradients equal the flat
     layout's. Overrides ``packing``; micro-batches then hold trajectories in the order of their token ids (those that
-    share a prefix side by side) and ``micro_batch_tokens`` counts the distinct prefixes they compute. Needs the model's
-    attention implementation to be ``sdpa`` or ``eager`` (a dense 4-D mask: ``U * U`` bytes for ``U`` distinct
-    prefixes per micro-batch). Metrics: ``batch/tree_tokens`` (tokens the training forwards computed),
-    ``batch/flat_tokens`` (tokens the flat layout computes for the same passes), ``batch/tree_ratio``. Not with
-    ``sharding: fsdp`` yet."""
+    share a prefix side by side) and ``micro_batch_tokens`` counts the distinct prefixes they compute. Attention:
+    on the CPU ``sdpa`` or ``eager`` with a dense 4-D mask (``U * U`` bytes for ``U`` distinct prefixes per
+    micro-batch); on CUDA the models load with ``flex_attention`` and a block mask built from the tree. With
+    ``world_size > 1`` the ranks shard by tree (trajectories sharing a prefix on one rank, balanced by the tokens
+    the trees compute), replicated or FSDP. Metrics: ``batch/tree_tokens`` (tokens the training forwards
+    computed), ``batch/flat_tokens`` (tokens the flat layout computes for the same passes), ``batch/tree_ratio``."""
     num_mini_batches: int = 1
     ppo_epochs: int = 1
     max_grad_norm: float | None = 1.0
@@ -284,7 +285,3 @@ class TrainerConfig:
             raise ValueError(f"record_logprobs must be >= 0, got {self.record_logprobs}")
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
-        if self.prefix_tree and self.sharding == "fsdp":
-            # seen: two FSDP ranks in the tree layout did not finish a step (not yet understood)
-            raise ValueError("prefix_tree: true is not supported with sharding: fsdp yet; use sharding: replicate "
-                             "or prefix_tree: false")

@@ -9,13 +9,13 @@ surface of one.
     weights = await trainer.state_dict_for_inference.remote()
     stop_trainer(trainer)
 
-Flow of a group call: the batch is split into N shards by loss-token count (:func:`shard_by_loss_tokens`, whole
-trajectories, advantages computed here over the whole groups first, so a group may span ranks; with
-``num_mini_batches > 1`` each of the single trainer's mini-batches is sharded in turn), every rank gets its
-shard at once, and the call completes when all ranks returned; the result is rank 0's (metrics are already
-all-reduced). Calls that reach a collective go to every rank, in the same order (each rank is one Ray actor that runs
-its calls in submission order); calls that do not (``compute_logprobs`` and the inference state dict with replicated
-weights, the version) go to rank 0 only.
+Flow of a group call: the batch is split into N shards of whole trajectories (:func:`plan_shards`: by loss-token
+count, or in the prefix-tree layout by shared prefix and computed tokens; advantages computed here over the whole
+groups first, so a group may span ranks; with ``num_mini_batches > 1`` each of the single trainer's mini-batches is
+sharded in turn), every rank gets its shard at once, and the call completes when all ranks returned; the result is
+rank 0's (metrics are already all-reduced). Calls that reach a collective go to every rank, in the same order (each
+rank is one Ray actor that runs its calls in submission order); calls that do not (``compute_logprobs`` and the
+inference state dict with replicated weights, the version) go to rank 0 only.
 
 Failures: if a rank dies (or raises while its peers wait in a collective), the call raises
 :class:`TrainerRankError` naming the rank at once, and the group stops all ranks (their process group cannot
@@ -35,6 +35,7 @@ from typing import Any
 import ray
 
 from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.prefix_tree import shard_by_tree
 from agentrl.trajectory import Group, Trajectory
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,25 @@ def shard_by_loss_tokens(trajs: Sequence[Trajectory], n: int) -> list[list[int]]
         shards[r].append(i)
         load[r] += max(loss_tokens(trajs[i]), 1)
     return [sorted(s) for s in shards]
+
+
+def plan_shards(trajs: Sequence[Trajectory], config: TrainerConfig, n: int, *, mini_batches: bool) -> list[list[int]]:
+    """Each rank's trajectory indices: with ``mini_batches`` the batch is first cut into the single trainer's
+    ``num_mini_batches`` consecutive parts and each part is shared out. In the prefix-tree layout
+    (:func:`~agentrl.trainer.prefix_tree.shard_by_tree`) trajectories sharing a prefix go to one rank, balanced by
+    the tokens the trees compute; otherwise by loss tokens (:func:`shard_by_loss_tokens`)."""
+    from agentrl.trainer.batching import even_parts
+
+    def shard(part: list[int]) -> list[list[int]]:
+        if config.prefix_tree:
+            return shard_by_tree([[trajs[i].token_ids[a:b] for a, b in trajs[i].segment_slices()] for i in part], n)
+        return shard_by_loss_tokens([trajs[i] for i in part], n)
+
+    shards: list[list[int]] = [[] for _ in range(n)]
+    for part in even_parts(list(range(len(trajs))), config.num_mini_batches if mini_batches else 1):
+        for r, idx in enumerate(shard(part)):
+            shards[r] += [part[j] for j in idx]
+    return shards
 
 
 def _flatten(batch: Sequence[Trajectory] | Sequence[Group]) -> list[Trajectory]:
@@ -184,7 +204,6 @@ class TrainerGroup:
         shared out between the ranks; each rank also gets its trajectories' indices in the whole batch, from which
         the ranks cut the exact same mini-batches (:meth:`PolicyStep._mini_batches`)."""
         from agentrl.trainer.advantages import as_advantage, compute_advantages
-        from agentrl.trainer.batching import even_parts
 
         trajs = _flatten(batch)
         if advantages is None:
@@ -192,10 +211,7 @@ class TrainerGroup:
         advs = [as_advantage(a) for a in advantages]
         if len(advs) != len(trajs):
             raise ValueError(f"got {len(advs)} advantages for {len(trajs)} trajectories")
-        shards: list[list[int]] = [[] for _ in range(self.world_size)]
-        for part in even_parts(list(range(len(trajs))), self.config.num_mini_batches if positions else 1):
-            for r, idx in enumerate(shard_by_loss_tokens([trajs[i] for i in part], self.world_size)):
-                shards[r] += [part[j] for j in idx]
+        shards = plan_shards(trajs, self.config, self.world_size, mini_batches=positions)
         per_rank = []
         for idx in shards:
             kwargs = {"positions": idx} if positions else {}

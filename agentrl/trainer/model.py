@@ -27,19 +27,21 @@ from agentrl.trainer.batching import MicroBatch, Seq, collate, pad_rows, scoring
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.logprobs import chunked_entropy, full_logprobs, liger_available, liger_logprobs
 from agentrl.trainer.logprobs import liger_runnable, torch_logprobs
-from agentrl.trainer.prefix_tree import attention_mask_for, tree_micro_batches
+from agentrl.trainer.prefix_tree import tree_attention_mask, tree_micro_batches
 from agentrl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
 
 def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype, device: torch.device,
-                   disable_dropout: bool) -> torch.nn.Module:
+                   disable_dropout: bool, attn_implementation: str | None = None) -> torch.nn.Module:
     """Loads ``path`` with parameters in ``dtype`` on ``device``, KV cache off (training never uses it, and a
-    cache would hide packed sequences from transformers' mask builder)."""
+    cache would hide packed sequences from transformers' mask builder); ``attn_implementation`` ``None`` is the
+    library's default."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    kw = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kw)
     model.to(device)
     model.config.use_cache = False
     if disable_dropout:
@@ -154,8 +156,8 @@ def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, *, impl: str, c
     the forward; parameters already in a lower precision (a bf16 reference model) project in their own."""
     dev = mb.input_ids.device
     extra = {}
-    if mb.attention_mask is not None:
-        extra["attention_mask"] = attention_mask_for(model, mb.attention_mask, compute_dtype)
+    if mb.tree_end is not None:
+        extra["attention_mask"] = tree_attention_mask(model, mb.tree_end, compute_dtype)
     with autocast(dev, compute_dtype):
         if impl == "full":
             logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, **extra).logits
@@ -216,12 +218,9 @@ class ModelRunner:
         self.vocab_size = int(policy.get_input_embeddings().weight.shape[0])
         self.fsdp = False
         if config.prefix_tree:  # refuse an attention without dense 4-D masks now, not at the first step
-            attention_mask_for(policy, torch.ones(1, 1, 1, 1, dtype=torch.bool), compute_dtype)
+            tree_attention_mask(policy, torch.ones(1, dtype=torch.long), compute_dtype)
 
     def shard(self) -> None:
-        if self.config.prefix_tree:  # sharding: auto resolves to fsdp on CUDA, after validate()
-            raise ValueError("prefix_tree: true is not supported with FSDP sharding yet (sharding: auto picks it on "
-                             "CUDA); use sharding: replicate or prefix_tree: false")
         if self.impl != "full":
             log.info("fsdp: log-probs from the model's full logits (logprob_impl %s needs the unsharded head)",
                      self.impl)

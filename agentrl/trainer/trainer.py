@@ -40,6 +40,7 @@ from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.model import ModelRunner, choose_logprob_impl, configure_layers, has_active_dropout
 from agentrl.trainer.model import load_causal_lm, select_device
 from agentrl.trainer.policy_step import PolicyStep
+from agentrl.trainer.prefix_tree import attention_impl_for
 from agentrl.trainer.step import LocalReducer, RecordSampler, Reducer
 from agentrl.trajectory import Group, Trajectory
 
@@ -75,8 +76,10 @@ class Trainer:
 
         # Master weights are float32 whatever config.dtype says: bf16 parameters under AdamW at small learning
         # rates lose most updates to rounding (issue 12: 1.9 % of weights changed after 10 steps at lr 1e-6).
+        # the tree layout's attention on CUDA is flex_attention with a block mask (prefix_tree.attention_impl_for)
+        attn = attention_impl_for(self.device, config.prefix_tree)
         self.model = load_causal_lm(self.model_path, dtype=torch.float32, device=self.device,
-                                    disable_dropout=config.disable_dropout)
+                                    disable_dropout=config.disable_dropout, attn_implementation=attn)
         self._has_dropout = has_active_dropout(self.model)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         impl = choose_logprob_impl(config, self.model, self.vocab_size, self.device)
@@ -86,7 +89,7 @@ class Trainer:
         if config.loss.kl_coef > 0:
             # Frozen: no optimizer steps it, so it is stored in the compute dtype.
             self.ref_model = load_causal_lm(self.model_path, dtype=self._compute_dtype, device=self.device,
-                                            disable_dropout=True).eval()
+                                            disable_dropout=True, attn_implementation=attn).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
 

@@ -13,7 +13,7 @@ import torch
 from agentrl.trainer.batching import Seq, collate, prepare_sequences, split_micro, units
 from agentrl.trainer.config import LossConfig, OptimizerConfig, TrainerConfig
 from agentrl.trainer.model import ModelRunner, load_causal_lm, micro_batch_logprobs
-from agentrl.trainer.prefix_tree import attention_mask_for, build_tree, tree_micro_batches
+from agentrl.trainer.prefix_tree import attention_impl_for, build_tree, tree_attention_mask, tree_micro_batches
 from agentrl.trainer.trainer import Trainer
 from agentrl.trajectory import Group, Trajectory
 
@@ -167,23 +167,20 @@ def test_tree_logprobs_and_gradients_equal_flat(tiny_model_dir: Path, case: str,
         torch.testing.assert_close(out["tree"][k], g, atol=TOL, rtol=TOL)
 
 
-def test_an_attention_without_dense_masks_is_refused_by_name(tiny_model_dir: Path) -> None:
+def test_an_attention_without_custom_masks_is_refused_by_name(tiny_model_dir: Path) -> None:
     model = load_causal_lm(tiny_model_dir, dtype=torch.float32, device=torch.device("cpu"), disable_dropout=True)
     model.config._attn_implementation = "flash_attention_2"  # not installable here; only the name is read
     with pytest.raises(ValueError, match="prefix_tree"):
-        attention_mask_for(model, torch.ones(1, 1, 2, 2, dtype=torch.bool), torch.float32)
+        tree_attention_mask(model, torch.tensor([2, 2]), torch.float32)
     with pytest.raises(ValueError, match="prefix_tree"):
         ModelRunner(_cfg(True), model, torch.device("cpu"), "torch", torch.float32)
     ModelRunner(_cfg(False), model, torch.device("cpu"), "torch", torch.float32)  # the flat layout needs no mask
-    model.config._attn_implementation = "sdpa"
-    with pytest.raises(ValueError, match="prefix_tree.*FSDP"):
-        ModelRunner(_cfg(True), model, torch.device("cpu"), "torch", torch.float32).shard()
 
 
-def test_prefix_tree_with_fsdp_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="prefix_tree.*fsdp"):
-        TrainerConfig(device="cpu", prefix_tree=True, sharding="fsdp").validate()
-    TrainerConfig(device="cpu", prefix_tree=True, sharding="replicate").validate()
+def test_the_tree_attention_is_flex_attention_on_cuda_only() -> None:
+    assert attention_impl_for(torch.device("cuda"), True) == "flex_attention"
+    assert attention_impl_for(torch.device("cpu"), True) is None
+    assert attention_impl_for(torch.device("cuda"), False) is None
 
 
 def _cfg(tree: bool, **kw) -> TrainerConfig:
