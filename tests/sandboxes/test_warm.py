@@ -106,3 +106,40 @@ async def test_rate_limit_is_backpressure_not_a_timeout():
     span = made[-1] - made[0]
     assert span >= (len(made) - 1) / rate * 0.9  # paced by the bucket, never all at once
     assert all(not sb.running for sb in got) and pool.stats.stopped == pool.stats.created
+
+
+async def test_a_fleet_target_never_makes_more_than_the_fleet_while_an_acquire_checks_a_fresh_one():
+    """A fresh sandbox being checked by an acquire (popped from the pool, not handed out yet) still counts toward a
+    fleet target: the refill that the acquire wakes must not make a replacement for it. The check is held open
+    until the refill loop has run, so the race happens every time."""
+    from agentrl.sandboxes import SandboxSpec
+
+    spec = SandboxSpec(backend="bwrap", memory_mb=16, pids=16)
+    checking, release = asyncio.Event(), asyncio.Event()
+
+    class Held(Fake):
+        async def dead_reason(self):
+            checking.set()
+            await release.wait()
+            return None
+
+    async def factory(s):
+        return Held(s)
+
+    pool = SandboxPool(max_alive=16, create_rate=1000, create_burst=16, factory=factory)
+    await pool.keep_warm(spec, 2, wait=True, fleet=True)
+    assert pool.stats.created == 2
+
+    async def one():
+        async with pool.acquire(spec) as sb:
+            return sb
+
+    task = asyncio.create_task(one())
+    await checking.wait()  # the acquire has popped a fresh one and is checking it; the refill was woken
+    for _ in range(20):  # let the refill loop run to the end of whatever it decides now
+        await asyncio.sleep(0)
+    created_meanwhile = pool.stats.created
+    release.set()
+    await task
+    await pool.close()
+    assert created_meanwhile == 2, "the refill made a sandbox for one already taken by the fleet's acquire"
