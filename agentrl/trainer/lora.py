@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from agentrl.inference.lora import is_adapter_dir
 from agentrl.trainer.config import LoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -93,19 +94,13 @@ def load_adapter_weights(model: torch.nn.Module, state: dict[str, torch.Tensor],
     set_peft_model_state_dict(model, state)
 
 
-def is_adapter_dir(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a PEFT adapter directory (``adapter_config.json`` and ``adapter_model.safetensors``)."""
-    p = Path(path)
-    return (p / ADAPTER_CONFIG).is_file() and (p / ADAPTER_WEIGHTS).is_file()
-
-
 def adapter_base(path: str | os.PathLike) -> str:
     """The base model an adapter directory was trained on (its ``base_model_name_or_path``). Raises
     ``ValueError`` when the directory names none."""
     cfg = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
     base = cfg.get("base_model_name_or_path")
     if not base:
-        raise ValueError(f"{path}/{ADAPTER_CONFIG} names no base_model_name_or_path: pass the base model explicitly")
+        raise ValueError(f"{path}/{ADAPTER_CONFIG} names no base_model_name_or_path: pass the base model (--base)")
     return str(base)
 
 

@@ -158,3 +158,33 @@ def test_two_replicated_ranks_equal_one_lora_trainer(ray_local, tiny_model_dir: 
         assert group.load_checkpoint.remote(ck).result()["lora"] is True
     finally:
         stop_trainer(group)
+
+
+def test_an_adapter_directory_is_a_policy_and_merges_from_the_cli(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``agentrl eval`` / the gateway build their engine from ``EngineConfig(model=DIR)``: an adapter directory
+    there means its base model with the adapter served as version 0."""
+    from agentrl.cli import main
+    from agentrl.inference.config import EngineConfig
+
+    trainer = Trainer(_cfg(), tiny_model_dir)
+    trainer.train_step(_groups())
+    ck = trainer.save_checkpoint(tmp_path / "ck")
+    ecfg = EngineConfig(model=str(ck / "model"))
+    assert ecfg.resolved_model() == str(tiny_model_dir) and ecfg.adapter_path() == str(ck / "model")
+    assert ecfg.resolved_lora()["r"] == 4 and ecfg.resolved_lora()["lora_alpha"] == 8.0
+    assert main(["models", "merge-lora", str(ck / "model"), str(tmp_path / "merged")]) == 0
+    assert (tmp_path / "merged" / "config.json").is_file()
+    assert main(["models", "merge-lora", str(tmp_path), str(tmp_path / "x")]) == 2  # not an adapter: a clear error
+
+
+def test_train_config_refuses_lora_on_paths_that_cannot_serve_it_exactly() -> None:
+    from agentrl.controller.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    with pytest.raises(ConfigError, match=r"trainer.lora needs engine.backend: vllm with engine.weight_sync: rpc"):
+        load_config(root / "configs/quickstart.yaml", ["trainer.lora.rank=16", "engine.weight_sync=gloo"])
+    with pytest.raises(ConfigError, match=r"lora with weight_sync: gloo"):
+        from_dict(__import__("agentrl.inference.config", fromlist=["EngineConfig"]).EngineConfig,
+                  {"weight_sync": "gloo", "lora": {"r": 8}})
+    cfg = load_config(root / "configs/tooluse.yaml", ["trainer.lora.rank=16"])
+    assert cfg.trainer.lora.rank == 16 and cfg.trainer.lora.target_modules[0] == "q_proj"
