@@ -14,8 +14,8 @@ Invariants:
   a request's ``lora_request``), so every token it generates carries that version exactly, whatever the pause mode:
   ``abort`` ends it at the update (the agent loop resubmits the rest with the new adapter), ``keep`` lets it finish
   with its own adapter. KV blocks are keyed by adapter in vLLM's prefix cache, so no KV of another adapter serves it.
-- An adapter is unloaded (``remove_lora``, directory deleted) only when it is no longer current and no request
-  holds it (:meth:`AdapterSet.acquire` / :meth:`AdapterSet.release` count holders); the release of the last
+- An adapter is unloaded (``remove_lora``, directory deleted) only when it is older than the current version and
+  no request holds it (:meth:`AdapterSet.acquire` / :meth:`AdapterSet.release` count holders); the release of the last
   holder unloads it.
 - All methods but :meth:`prepare` run on the engine's event loop, one at a time with the engine's update lock.
 """
@@ -153,8 +153,10 @@ class AdapterSet:
         return sorted(self._requests)
 
     async def _collect(self) -> None:
+        # Only versions older than the current one: an adapter added for an update that has not committed yet is
+        # newer, and a request released during that update's abort-mode pause must not unload it.
         for v in list(self._requests):
-            if v != self.current and not self._holders.get(v):
+            if v < self.current and not self._holders.get(v):
                 await self._unload(v)
 
     async def _unload(self, version: int) -> None:
