@@ -70,6 +70,8 @@ def _convert(value: Any, tp: Any, path: str, src: str) -> Any:
                 return _convert(value, a, path, src)
             except ConfigError as e:
                 errors.append(e)
+        if len(errors) == 1:  # an optional section (X | None): its own error names the bad key
+            raise errors[0]
         raise fail()
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):

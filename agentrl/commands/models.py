@@ -1,5 +1,8 @@
 """``agentrl models build [--variant NAME] [--out DIR] [--seed N] [--force]``: builds a tiny CPU model (tokenizer,
-chat template, random-init Qwen2 weights) into a Hugging Face model directory and prints its path."""
+chat template, random-init Qwen2 weights) into a Hugging Face model directory and prints its path.
+
+``agentrl models merge-lora ADAPTER OUT [--base DIR]``: writes the base model with a LoRA run's adapter (a
+checkpoint's ``model/`` directory) merged into its weights, a plain HF model directory (:func:`agentrl.trainer.lora.merge`)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--seed", type=int, default=0, help="random-init and corpus seed (default 0)")
     build.add_argument("--force", action="store_true", help="rebuild even if an up-to-date model is there")
     build.set_defaults(func=_build)
+    merge = sub.add_parser("merge-lora", help="merge a LoRA adapter directory into its base model (a plain HF model)")
+    merge.add_argument("adapter", help="adapter directory (adapter_config.json + adapter_model.safetensors), e.g. "
+                       "RUN/checkpoints/step_N/model")
+    merge.add_argument("out", help="output model directory")
+    merge.add_argument("--base", default=None, help="base model directory (default: the adapter's base_model_name_or_path)")
+    merge.set_defaults(func=_merge)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 
@@ -34,4 +43,16 @@ def _build(args: argparse.Namespace) -> int:
     marker = read_marker(path) or {}
     print(f"{path}  ({marker.get('parameters', '?')} parameters, vocab {marker.get('tokenizer_size', '?')}, "
           f"{time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from agentrl.trainer.lora import merge
+
+    try:
+        out = merge(args.adapter, args.out, base=args.base)
+    except (ValueError, OSError) as e:
+        print(f"agentrl models merge-lora: {e}")
+        return 2
+    print(out)
     return 0

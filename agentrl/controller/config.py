@@ -173,6 +173,14 @@ class TrainConfig:
             raise ValueError(f"dynamic_sampling.enabled cannot be combined with tail_batching.enabled ({t.enabled}) or "
                              f"streaming ({self.streaming}): it decides on whole batches, after the rollout; turn "
                              f"one of them off")
+        if self.trainer.lora is not None:
+            if self.engine.backend != "vllm" or self.engine.resolved_weight_sync() != "rpc":
+                raise ValueError(f"trainer.lora needs engine.backend: vllm with engine.weight_sync: rpc (got "
+                                 f"{self.engine.backend} / {self.engine.resolved_weight_sync()}): only that path "
+                                 "serves the versioned adapters exactly")
+            if self.engine.lora is not None or self.engine.lora_adapter:
+                raise ValueError("engine.lora / engine.lora_adapter are set from trainer.lora by agentrl train; "
+                                 "leave them unset")
         if self.streaming and (self.trainer.num_mini_batches != 1 or self.trainer.ppo_epochs != 1):
             raise ValueError(f"streaming needs trainer.num_mini_batches: 1 and trainer.ppo_epochs: 1 (got "
                              f"{self.trainer.num_mini_batches} and {self.trainer.ppo_epochs}): several optimizer "

@@ -180,8 +180,9 @@ async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer
     if not demos:
         raise RuntimeError("warm start: every demonstration episode failed")
     demo_reward = sum(t.reward for t in demos) / len(demos)
+    # The warm start trains the whole model (lora=None) even in a LoRA run: it makes the base the adapters start on.
     tcfg = dataclasses.replace(cfg.trainer_config(), optimizer=dataclasses.replace(cfg.trainer.optimizer, lr=ws.lr, warmup_steps=0),
-                               loss=dataclasses.replace(cfg.trainer.loss, kl_coef=0.0))
+                               loss=dataclasses.replace(cfg.trainer.loss, kl_coef=0.0), lora=None)
     trainer = Trainer(tcfg, model_dir)
     import random
 
@@ -322,7 +323,12 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
         log.info("resumed from %s (step %d; replaying %d tasks that were in flight)", ckpt_dir, step0,
                  len(state.get("open_tasks", [])))
 
-    engine = make_engine(dataclasses.replace(cfg.engine, model=str(start_model)))
+    lora = None
+    if cfg.trainer.lora is not None:  # the engines serve the trainer's adapters on the same frozen base
+        from agentrl.trainer.lora import adapter_config
+
+        lora = adapter_config(cfg.trainer.lora, start_model)
+    engine = make_engine(dataclasses.replace(cfg.engine, model=str(start_model), lora=lora))
     weights = WeightSync(trainer, engine)
     writer = None
     make_policy, policy = policy or AgentLoopPolicy, None

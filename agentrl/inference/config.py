@@ -86,6 +86,14 @@ class EngineConfig:
     label_selector: dict[str, str] = field(default_factory=dict)
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     start_timeout_s: float = 600.0
+    lora: dict[str, Any] | None = None
+    """Serve LoRA adapters on the frozen base ``model`` (vllm only): the PEFT ``adapter_config.json`` contents of
+    the adapters weight updates will carry (``agentrl train`` sets it from ``trainer.lora``). Updates then load only
+    the adapter, registered with vLLM under its version (:mod:`agentrl.inference.lora`)."""
+    lora_adapter: str | None = None
+    """A PEFT adapter directory to serve from the start as version 0 on the base ``model``. A ``model`` that is
+    itself an adapter directory (a LoRA run's ``checkpoints/*/model``) means the same on the base model its
+    ``adapter_config.json`` names: so ``agentrl eval``, the gateway and rollouts take an adapter as the policy."""
 
     def validate(self) -> None:
         if not self.model:
@@ -126,8 +134,33 @@ class EngineConfig:
                 raise ValueError(f"resources.{k} must be a number >= 0, got {v!r}")
             if k in ("CPU", "GPU", "memory"):
                 raise ValueError(f"resources.{k}: set CPUs with num_cpus; GPUs follow tensor_parallel_size")
+        if self.resolved_lora() is not None:
+            if self.backend != "vllm":
+                raise ValueError("lora: the remote backend cannot serve versioned adapters exactly; use backend: vllm")
+            if sync in ("nccl", "gloo"):
+                raise ValueError(f"lora with weight_sync: {sync}: the broadcast path sends full weights; use "
+                                 "weight_sync: rpc (adapters travel through the object store)")
         if self.start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0, got {self.start_timeout_s}")
+
+    def adapter_path(self) -> str | None:
+        """The adapter directory served from the start: ``lora_adapter``, else ``model`` when it is one."""
+        from agentrl.inference.lora import is_adapter_dir
+
+        if self.lora_adapter:
+            return self.lora_adapter
+        return self.model if is_adapter_dir(self.model) else None
+
+    def resolved_lora(self) -> dict[str, Any] | None:
+        """The adapter config served: ``lora``, else that of :meth:`adapter_path`, else None."""
+        if self.lora is not None:
+            return self.lora
+        path = self.adapter_path()
+        if path:
+            from agentrl.inference.lora import adapter_dir_config
+
+            return adapter_dir_config(path)
+        return None
 
     def resolved_weight_sync(self) -> str:
         """``weight_sync`` with ``"auto"`` resolved for the backend."""
@@ -142,8 +175,15 @@ class EngineConfig:
     def resolved_model(self) -> str:
         """The model path to load: a tiny variant's name (``"tiny"``, ``"tiny-tool"``) is built (if missing) and
         replaced by its directory."""
+        from agentrl.inference.lora import adapter_dir_config, is_adapter_dir
         from agentrl.models import VARIANTS, ensure_tiny_model
 
+        if not self.lora_adapter and is_adapter_dir(self.model):
+            base = adapter_dir_config(self.model).get("base_model_name_or_path")
+            if not base:
+                raise ValueError(f"model: {self.model} is a LoRA adapter that names no base model "
+                                 "(base_model_name_or_path); set model to the base and lora_adapter to the adapter")
+            return base
         if self.model in VARIANTS:
             return str(ensure_tiny_model(variant=self.model))
         return self.model

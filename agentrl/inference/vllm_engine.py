@@ -10,6 +10,10 @@ Versions: the engine core labels every output step with its current weight versi
 into one version per token. A weight update sets the label between ``pause`` and ``resume``, so a token's label is
 the version of the weights that computed it.
 
+LoRA (``cfg.lora`` / ``cfg.lora_adapter``): the base stays and each update registers the trainer's adapter under
+its version with vLLM's LoRA support; a request keeps the adapter it started with, and its tokens carry that
+adapter's version (:mod:`agentrl.inference.lora`).
+
 Weights: :meth:`VLLMEngine.update_weights` serializes the state dict with safetensors and calls the worker
 extension :class:`agentrl.inference.vllm_worker.WeightSyncExtension` through ``collective_rpc`` (CPU and GPU). The
 same update is also available in phases (``pause`` -> ``load_prepared`` -> ``commit``) for a caller that drives
@@ -85,6 +89,7 @@ class VLLMEngine(InferenceEngine):
         self._request_counter = itertools.count()
         self._update_lock: asyncio.Lock | None = None  # created on the engine loop
         self._paused_mode = cfg.pause_mode  # the mode of the current phased update (pause .. commit)
+        self._adapters: Any = None  # agentrl.inference.lora.AdapterSet when serving LoRA adapters
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-vllm-engine", daemon=True)
         self._thread.start()
@@ -152,9 +157,21 @@ class VLLMEngine(InferenceEngine):
             from agentrl.inference.weight_transfer import vllm_backend_name
 
             kwargs["weight_transfer_config"] = {"backend": vllm_backend_name(self.cfg.resolved_weight_sync())}
+        lora = self.cfg.resolved_lora()
+        if lora is not None:
+            from agentrl.inference.lora import vllm_max_rank
+
+            # two adapters at once: the current one and one still held by requests in flight across an update
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_max_rank(lora), max_loras=2, max_cpu_loras=4)
         kwargs.update(self.cfg.extra_engine_args)
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self._update_lock = asyncio.Lock()
+        if lora is not None:
+            from agentrl.inference.lora import AdapterSet
+
+            self._adapters = AdapterSet(self._llm, lora, self._llm.model_config.dtype)
+            if self.cfg.adapter_path():
+                await self._adapters.register(0, self.cfg.adapter_path())
         await self._llm.update_weight_version(str(self._version))
 
     def _resolve_dtype(self) -> str:
@@ -244,7 +261,9 @@ class VLLMEngine(InferenceEngine):
         finish: str | None = None
         stop_reason: Any = None
         spans: Any = None
-        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), sp, request_id)
+        adapter_version, lora_request = self._adapters.acquire() if self._adapters else (None, None)
+        stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), sp, request_id,
+                                    lora_request=lora_request)
         try:
             async for out in stream:
                 comp = out.outputs[0]
@@ -263,11 +282,17 @@ class VLLMEngine(InferenceEngine):
         except asyncio.CancelledError:
             # The caller went away; AsyncLLM.generate aborts the vLLM request on cancellation.
             raise
+        finally:
+            if adapter_version is not None:
+                await asyncio.shield(self._adapters.release(adapter_version))
         reason = _FINISH_REASONS.get(finish or "abort", "stop")
+        # With adapters every token of a request comes from the adapter it was submitted with (lora.py).
+        versions = ([adapter_version] * len(token_ids) if adapter_version is not None
+                    else _expand_versions(spans, len(token_ids), local_versions))
         return Generation(
             token_ids=token_ids,
             logprobs=logprobs,
-            versions=_expand_versions(spans, len(token_ids), local_versions),
+            versions=versions,
             finish_reason=reason,  # type: ignore[arg-type]
             stop_reason=stop_reason,
         )
@@ -297,7 +322,10 @@ class VLLMEngine(InferenceEngine):
 
     def prepare_weights(self, state_dict: dict[str, Any]) -> bytes:
         """Checks ``state_dict`` against the served checkpoint and returns the payload :meth:`load_prepared` loads
-        (safetensors bytes in the engine's dtype). Raises ``ValueError``/``TypeError`` naming every bad entry."""
+        (safetensors bytes in the engine's dtype). Raises ``ValueError``/``TypeError`` naming every bad entry.
+        Serving adapters, ``state_dict`` is the adapter alone (:meth:`agentrl.inference.lora.AdapterSet.prepare`)."""
+        if self._adapters is not None:
+            return self._adapters.prepare(state_dict)
         from agentrl.inference.weights import checkpoint_schema, prepare_state_dict, serialize, tied_embeddings
 
         if self._schema is None:
@@ -308,6 +336,11 @@ class VLLMEngine(InferenceEngine):
 
     async def _update(self, payload: bytes, version: int, mode: str) -> None:
         assert self._update_lock is not None
+        if self._adapters is not None:
+            async with self._update_lock:
+                await self._adapters.add(payload, version)  # before any pause: a refused adapter changes nothing
+                await self._lora_switch(version, mode)
+            return
         async with self._update_lock:
             await self._llm.pause_generation(mode=mode, clear_cache=(mode == "abort"))
             try:
@@ -316,7 +349,22 @@ class VLLMEngine(InferenceEngine):
             finally:
                 await self._llm.resume_generation()
 
+    async def _lora_switch(self, version: int, mode: str) -> None:
+        # abort: in-flight requests end now and are resubmitted with the new adapter; keep: nothing to pause, they
+        # finish with the adapter they hold (the base weights never change, and KV is keyed by adapter).
+        if mode == "abort":
+            await self._llm.pause_generation(mode="abort", clear_cache=False)
+        try:
+            await self._adapters.commit(version)
+            await self._set_version(version)
+        finally:
+            if mode == "abort":
+                await self._llm.resume_generation()
+
     async def _load(self, payload: bytes, mode: str) -> None:
+        if self._adapters is not None:
+            self._adapters.stage(payload)
+            return
         await self._llm.collective_rpc("agentrl_load_weights", args=(payload,))
         await self._drop_old_kv(mode)
 
@@ -337,6 +385,8 @@ class VLLMEngine(InferenceEngine):
         they are frozen until :meth:`commit`."""
         mode = self._pause_mode(pause_mode)
         self._paused_mode = mode
+        if self._adapters is not None:
+            return  # adapters switch at commit (see _lora_switch)
         await self._on_engine(self._llm.pause_generation(mode=mode, clear_cache=(mode == "abort")))
 
     async def load_prepared(self, payload: bytes) -> None:
@@ -349,6 +399,9 @@ class VLLMEngine(InferenceEngine):
         _check_version(version)
 
         async def run() -> None:
+            if self._adapters is not None:
+                await self._lora_switch(version, self._paused_mode)
+                return
             try:
                 await self._set_version(version)
             finally:
@@ -409,6 +462,8 @@ class VLLMEngine(InferenceEngine):
         self._shutdown_sync()
 
     def _shutdown_sync(self) -> None:
+        if self._adapters is not None:
+            self._adapters.close()
         if self._llm is not None:
             llm, self._llm = self._llm, None
 
@@ -449,10 +504,27 @@ class VLLMEngine(InferenceEngine):
 
         sp = VSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         final = None
-        async for out in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), sp, f"agentrl-plp-{next(self._request_counter)}"):
-            final = out
+        version, lora_request = self._adapters.acquire() if self._adapters else (None, None)
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), sp,
+                                                f"agentrl-plp-{next(self._request_counter)}", lora_request=lora_request):
+                final = out
+        finally:
+            if version is not None:
+                await self._adapters.release(version)
         assert final is not None and final.prompt_logprobs is not None
         return [float(d[tok].logprob) for d, tok in zip(final.prompt_logprobs[1:], token_ids[1:])]
+
+    def adapters(self) -> dict[str, Any] | None:
+        """Serving adapters (:mod:`agentrl.inference.lora`): ``{"current": version, "loaded": versions whose
+        adapters are registered, "holders": {version: requests holding it}}``; None when serving full weights."""
+        if self._adapters is None:
+            return None
+        return {"current": self._adapters.current, "loaded": self._adapters.loaded(), "holders": self._adapters.holders()}
+
+    async def vllm_loras(self) -> list[int]:
+        """The LoRA ids vLLM itself has registered (``version + 1`` each), ascending."""
+        return sorted(await self._on_engine(self._llm.list_loras()))
 
     async def weights_digest(self) -> str:
         """A digest of the weights the (first) worker holds; changes whenever a load changes any weight."""

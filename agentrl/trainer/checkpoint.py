@@ -2,7 +2,8 @@
 weights leaving a trainer (:func:`save_trainer`, :func:`load_trainer`, :func:`inference_state_dict`).
 
 Layout of a checkpoint directory: ``model/`` (HF ``save_pretrained`` weights plus the source model's non-weight
-files, so it is a complete model directory an engine can load), ``optimizer.pt``, ``rng.pt`` (python, numpy,
+files, so it is a complete model directory an engine can load; with ``trainer.lora`` a PEFT adapter directory
+instead, naming its base model), ``optimizer.pt``, ``rng.pt`` (python, numpy,
 torch, CUDA RNG states) and ``trainer_state.json`` (``format``, ``optimizer_steps``, ``version``, the config).
 
 Invariants: a save writes everything into a temp directory next to the target, fsyncs it and renames it into place,
@@ -111,7 +112,12 @@ def save(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.op
     tmp = path.parent / f".{path.name}.tmp-{tag}"
     tmp.mkdir()
     try:
-        model.save_pretrained(str(tmp / "model"), safe_serialization=True, state_dict=model_state)
+        if model_state is not None:
+            model.save_pretrained(str(tmp / "model"), safe_serialization=True, state_dict=model_state)
+        elif hasattr(model, "peft_config"):  # a LoRA trainer: model/ is the adapter directory
+            model.save_pretrained(str(tmp / "model"), safe_serialization=True, save_embedding_layers=False)
+        else:
+            model.save_pretrained(str(tmp / "model"), safe_serialization=True)
         _plain_architecture(tmp / "model" / "config.json")
         if source_model_path.is_dir():
             for f in source_model_path.iterdir():
@@ -213,6 +219,10 @@ def inference_state_dict(trainer: Trainer, dtype: torch.dtype | None = None) -> 
     tensors (the others get ``{}``)."""
     if dtype is None and trainer._compute_dtype == torch.bfloat16:
         dtype = torch.bfloat16
+    if trainer.config.lora is not None:
+        from agentrl.trainer.lora import adapter_state_dict
+
+        return adapter_state_dict(trainer.model, dtype)
     if trainer.sharding == "fsdp":
         from agentrl.trainer.dp_rank import full_state_dict
 
@@ -239,7 +249,8 @@ def save_trainer(trainer: Trainer, path: str | os.PathLike) -> Path:
     from agentrl.config import to_dict
 
     state = {"optimizer_steps": trainer.optimizer_steps, "version": trainer.version,
-             "config": to_dict(trainer.config), "world_size": trainer._world, "sharding": trainer.sharding}
+             "config": to_dict(trainer.config), "world_size": trainer._world, "sharding": trainer.sharding,
+             "lora": trainer.config.lora is not None}
     if trainer.sharding == "fsdp":
         return save_sharded(path, trainer.model, trainer.optimizer, trainer.model_path, state)
     if trainer.rank != 0:
@@ -261,6 +272,19 @@ def load_trainer(trainer: Trainer, path: str | os.PathLike) -> dict[str, Any]:
             f"{where}: the checkpoint was saved by {saved_world} trainer rank(s) but this run has "
             f"trainer.world_size={trainer._world}; resume with trainer.world_size={saved_world} (a checkpoint "
             f"holds the whole model, but its optimizer and RNG states belong to the rank layout that saved it)")
+    if bool(saved.get("lora")) != (trainer.config.lora is not None):
+        kind = "LoRA adapter" if saved.get("lora") else "full model"
+        raise ValueError(f"{where}: a {kind} checkpoint cannot resume a run with trainer.lora "
+                         f"{'unset' if trainer.config.lora is None else 'set'}: resume with the trainer.lora that "
+                         "saved it")
+    if trainer.config.lora is not None:
+        from agentrl.trainer.lora import load_adapter_weights
+
+        load_adapter_weights(trainer.model, read_weights(where), where)
+        trainer.optimizer.load_state_dict(torch.load(where / "optimizer.pt", map_location=trainer.device,
+                                                     weights_only=True))
+        restore_rng(where)
+        return saved
     if trainer.sharding == "fsdp":
         if saved.get("sharding") != "fsdp":
             raise ValueError(f"{where}: saved with trainer.sharding {saved.get('sharding')!r}, this run uses "

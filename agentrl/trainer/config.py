@@ -176,6 +176,47 @@ class AdvantageConfig:
             raise ValueError(f"advantage.step_weight must be a finite number >= 0, got {self.step_weight}")
 
 
+# The linear layers vLLM can serve a LoRA adapter on in every decoder it supports (Qwen2/Llama naming).
+LORA_DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Layers the engine would not apply an adapter to exactly: the embedding is tied to the output head in the small
+# models this project trains, and vLLM 0.32 serves adapters on linear layers only.
+LORA_REFUSED_TARGETS = frozenset({"embed_tokens", "lm_head"})
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters (``trainer.lora``; off when the section is absent): the trainer wraps the model with PEFT,
+    freezes every base weight and trains only the adapters' ``A``/``B`` matrices in every loss; the engines serve the
+    adapter through vLLM's LoRA support and weight syncs carry only the adapter (:mod:`agentrl.trainer.lora`)."""
+
+    rank: int = 16
+    """``r``: the adapters' rank (>= 1); the engine reserves vLLM's next allowed rank at or above it."""
+    alpha: float = 32.0
+    """``lora_alpha``: the adapter's output is scaled by ``alpha / rank``."""
+    dropout: float = 0.0
+    """``lora_dropout`` in [0, 1) on the adapter's input during training passes (0: the training forward is
+    deterministic, so the proximal pass can be reused)."""
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_DEFAULT_TARGETS))
+    """Names (suffixes) of the linear layers that get an adapter; ``embed_tokens`` / ``lm_head`` are refused."""
+
+    def validate(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"lora.rank must be >= 1, got {self.rank}")
+        if self.rank > 512:
+            raise ValueError(f"lora.rank must be <= 512 (vLLM's largest servable rank), got {self.rank}")
+        if not (self.alpha > 0 and math.isfinite(self.alpha)):
+            raise ValueError(f"lora.alpha must be a positive finite number, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
+            raise ValueError(f"lora.target_modules must be a non-empty list of module names, got {self.target_modules}")
+        bad = sorted(set(self.target_modules) & LORA_REFUSED_TARGETS)
+        if bad:
+            raise ValueError(f"lora.target_modules: {bad} cannot be served exactly (vLLM applies adapters to the "
+                             "linear layers only, and the tiny models tie embed_tokens to lm_head); use "
+                             f"{LORA_DEFAULT_TARGETS}")
+
+
 @dataclass
 class TrainerConfig:
     """Everything the :class:`~agentrl.trainer.Trainer` needs besides the model path.
@@ -255,6 +296,8 @@ class TrainerConfig:
     world_size: int = 1
     sharding: Literal["auto", "replicate", "fsdp"] = "auto"
     record_logprobs: int = 0  # per train_step, trajectories whose trainer log-probs are kept (agentrl.trainer.records)
+    lora: LoraConfig | None = None
+    """LoRA adapters instead of full fine-tuning (:class:`LoraConfig`); ``null`` (default): every weight trains."""
 
     @property
     def compute_dtype(self) -> str:
@@ -285,3 +328,10 @@ class TrainerConfig:
             raise ValueError(f"record_logprobs must be >= 0, got {self.record_logprobs}")
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if self.lora is not None:
+            self.lora.validate()
+            if self.sharding == "fsdp":
+                # FSDP2 would shard the frozen base and the adapters alike, and the adapter-only state dicts the
+                # engine and checkpoints read are not gathered from shards: not exact, so not offered.
+                raise ValueError("trainer.lora with trainer.sharding: fsdp is not supported; use trainer.sharding: "
+                                 "replicate (only the adapters' gradients are all-reduced)")

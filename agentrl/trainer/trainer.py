@@ -80,6 +80,10 @@ class Trainer:
         attn = attention_impl_for(self.device, config.prefix_tree)
         self.model = load_causal_lm(self.model_path, dtype=torch.float32, device=self.device,
                                     disable_dropout=config.disable_dropout, attn_implementation=attn)
+        if config.lora is not None:
+            from agentrl.trainer import lora
+
+            self.model = lora.wrap(self.model, config.lora, self.model_path)  # base frozen: adapters only train
         self._has_dropout = has_active_dropout(self.model)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         impl = choose_logprob_impl(config, self.model, self.vocab_size, self.device)
@@ -162,6 +166,8 @@ class Trainer:
         mode = self.config.sharding
         if mode == "auto":
             mode = "fsdp" if self.device.type == "cuda" else "replicate"
+        if mode == "fsdp" and self.config.lora is not None:
+            raise ValueError("trainer.lora needs trainer.sharding: replicate (sharding: auto picks fsdp on CUDA)")
         self._sharding = mode
         self.reducer = dd.DistReducer(self.device)
         dd.broadcast_parameters(self.model)
@@ -358,7 +364,8 @@ class Trainer:
     def state_dict_for_inference(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """The model's weights for the engine: ``{hf_name: detached CPU tensor}`` (see
         :func:`agentrl.trainer.checkpoint.inference_state_dict`; by default bfloat16 when the trainer computes in
-        bfloat16). Under FSDP a collective that only rank 0 gets the tensors from."""
+        bfloat16). Under FSDP a collective that only rank 0 gets the tensors from. With ``trainer.lora`` only the
+        adapter (:func:`agentrl.trainer.lora.adapter_state_dict`: PEFT's file names)."""
         return ckpt.inference_state_dict(self, dtype)
 
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
