@@ -293,19 +293,12 @@ class SandboxPool:
         async with self._sem:
             sb = None
             key = _key(spec, snapshot)
-            # Counted as held from the start, not once found: a fresh one being checked (popped from the pool, not
-            # yet handed out) or one being made for this acquire is in neither list, and a fleet target's refill
-            # running meanwhile would make one more than the fleet.
+            # Held from the start: one being checked or made is in no list, and a refill would replace it.
             self._held[key] += 1
             try:
-                if reuse:  # reset ones first: the fresh ones are all that plain acquires can take
-                    sb = await self._take_idle(self._warm.get(key))
-                    if sb is not None:
-                        self.stats.reused += 1
-                if sb is None:
-                    sb = await self._take_fresh(key)
-                if sb is None:
-                    sb = await self._new(spec, snapshot)
+                if reuse and (sb := await self._take_idle(self._warm.get(key))) is not None:
+                    self.stats.reused += 1  # reset ones first: the fresh ones are all that plain acquires can take
+                sb = sb or await self._take_fresh(key) or await self._new(spec, snapshot)
             except BaseException:
                 self._held[key] -= 1
                 raise
