@@ -73,9 +73,8 @@ def harness_batch(args: argparse.Namespace) -> tuple[list, str]:
 
 
 def tooluse_batch(args: argparse.Namespace) -> tuple[list, str]:
-    from transformers import AutoTokenizer
-
     from agentrl.agent.loop import RolloutConfig
+    from agentrl.chat import load_tokenizer
     from agentrl.controller.warmstart import DemoPolicy, noisy
     from agentrl.envs import mistakes_for, solver_for
     from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
@@ -83,7 +82,7 @@ def tooluse_batch(args: argparse.Namespace) -> tuple[list, str]:
 
     env_id = "agentrl/ToolLookup-v0"
     model = ensure_tiny_model(variant="tiny-tool")
-    tok = AutoTokenizer.from_pretrained(str(model))
+    tok = load_tokenizer(model)
     policy = DemoPolicy(noisy(solver_for(env_id), mistakes_for(env_id), 0.4, seed=0), tok,
                         RolloutConfig(max_tokens_per_turn=32, max_turns=5, max_context_tokens=1024, tools=False))
     cfg = ManagerConfig(workers=0, max_turns=5, max_concurrency=64, num_groups=4, group_size=8)

@@ -50,11 +50,14 @@ MODES = ("agentrl-sync", "agentrl-async", "trl")
 def ensure_venv(venv: Path) -> Path:
     """Makes (once) the venv the trl side runs in; returns its python."""
     py = venv / "bin" / "python"
-    marker = venv / f"bench-trl-{TRL_VERSION}.ok"
+    marker = venv / f"bench-trl-{TRL_VERSION}-agentrl.ok"
     if not marker.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(py), "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}", f"trl=={TRL_VERSION}",
                         "gymnasium", "pyyaml"], check=True)
+        # agentrl itself, without its dependencies: the trl side plays agentrl's env and loads the tokenizer with
+        # agentrl's loader; a plain PYTHONPATH would not map agentrl.envs to envs/ (pyproject's package-dir).
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
         marker.write_text("ok\n")
     return py
 

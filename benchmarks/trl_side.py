@@ -93,11 +93,13 @@ def episode_reward(completions: list, environments: list, **_: object) -> list[f
 def main(spec_path: str) -> None:
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
 
     import trl
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import qwen3_template
+
+    from agentrl.chat.tokenizer import load_tokenizer
 
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out"])
@@ -106,7 +108,7 @@ def main(spec_path: str) -> None:
     torch.manual_seed(spec["seed"])
     torch.set_num_threads(int(spec.get("threads", 2)))
 
-    tok = AutoTokenizer.from_pretrained(spec["tokenizer"])
+    tok = load_tokenizer(spec["tokenizer"])
     # agentrl's prompt: the system prompt describes the tools; the template's tools block stays off (rollout.tools).
     tok.chat_template = tok.chat_template.replace("{%- if tools -%}", "{%- if false -%}", 1)
     tok.response_template = qwen3_template  # trl parses tool calls only with templates it knows (PLATFORM.md)
