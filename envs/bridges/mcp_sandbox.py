@@ -106,6 +106,9 @@ def bwrap_command(command: list[str], *, binds: list[str] | None = None, env: di
             args += ["--symlink", os.readlink(p), p]
         elif os.path.isdir(p):
             args += ["--ro-bind", p, p]
+    # Before the binds: a later mount hides what is under it, so a venv or script under /tmp (a clone in /tmp, as in
+    # CI) bound first would vanish under the private /tmp.
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     seen: list[str] = []
     for p in [*_needed_paths(command), *(binds or [])]:
         real = os.path.abspath(p)
@@ -115,7 +118,7 @@ def bwrap_command(command: list[str], *, binds: list[str] | None = None, env: di
             continue
         seen.append(real)
         args += ["--ro-bind", real, real]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv"]
+    args += ["--chdir", "/tmp", "--clearenv"]
     full_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", **(env or {})}
     for k, v in full_env.items():
         args += ["--setenv", k, v]

@@ -137,3 +137,19 @@ def test_bad_sandbox_kwargs_fail_with_clear_errors():
         agentrl.make(MCP, sandbox="docker-please")
     with pytest.raises(ValueError, match="sandbox applies to a stdio server"):
         agentrl.make(MCP, url="http://127.0.0.1:1/mcp", sandbox="bwrap")
+
+
+def test_a_script_under_tmp_is_still_there_inside_the_sandbox(tmp_path):
+    """The sandbox's private /tmp is mounted before the binds: a command under /tmp (a clone in /tmp, as in CI)
+    is bound on top of it, not hidden by it."""
+    import subprocess
+
+    from agentrl.envs.bridges.mcp_sandbox import bwrap_command
+
+    assert str(tmp_path).startswith("/tmp/")
+    script = tmp_path / "hello.py"
+    script.write_text("print('inside')\n")
+    script.chmod(0o755)
+    tmp_path.chmod(0o755)
+    out = subprocess.run(bwrap_command([sys.executable, str(script)]), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "inside", out.stderr
