@@ -208,13 +208,18 @@ class VLLMEngine(InferenceEngine):
         and the finish reason; ``"abort"`` (weight update in abort mode, :meth:`abort`, or cancellation of the
         caller) still returns the tokens generated so far. Raises ``ValueError`` for an empty prompt, a prompt that
         leaves no room to generate, or token ids outside the vocabulary."""
+        room = self._room(prompt_ids, params)
+        return await self._on_engine(self._generate(list(prompt_ids), params, min(params.max_tokens, room), request_id))
+
+    def _room(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """Tokens left to generate after ``prompt_ids`` under ``max_model_len``; refuses what cannot generate."""
         params.validate()
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room under max_model_len={self.max_model_len}")
-        return await self._on_engine(self._generate(list(prompt_ids), params, min(params.max_tokens, room), request_id))
+        return room
 
     async def generate_streaming(
         self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None,
@@ -223,12 +228,7 @@ class VLLMEngine(InferenceEngine):
         """:meth:`generate`, telling ``on_tokens`` each output step's new ids as AsyncLLM yields them. The engine
         loop hands them to the caller's loop (``call_soon_threadsafe``), which also delivers the result after the
         last of them, so the caller sees every step before this returns."""
-        params.validate()
-        if not prompt_ids:
-            raise ValueError("prompt_ids must not be empty")
-        room = self.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room under max_model_len={self.max_model_len}")
+        room = self._room(prompt_ids, params)
         loop = asyncio.get_running_loop()
 
         def tell(ids: list[int]) -> None:
