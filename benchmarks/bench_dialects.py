@@ -37,7 +37,8 @@ import aiohttp
 MESSAGES = [{"role": "system", "content": "You are a storyteller."},
             {"role": "user", "content": "Tell me a story about a lighthouse keeper."}]
 SIDES = ("engine", "chat", "messages", "responses")
-TEXT_EVENTS = {"chat": b'"content": "', "messages": b'"type": "content_block_delta"',
+# chat: content or reasoning_content (the tiny model's family may open with reasoning), the opening empty one aside
+TEXT_EVENTS = {"chat": b'content": "', "messages": b'"type": "content_block_delta"',
                "responses": b'"type": "response.output_text.delta"'}
 
 
@@ -91,7 +92,7 @@ async def one_http(http: aiohttp.ClientSession, url: str, side: str, args: argpa
     async with http.post(f"{url}/s/{sid}{path}", json=payload) as resp:
         resp.raise_for_status()
         async for line in resp.content:
-            if ttft is None and TEXT_EVENTS[side] in line and (side != "chat" or b'"content": ""' not in line):
+            if ttft is None and TEXT_EVENTS[side] in line and (side != "chat" or b'content": ""' not in line):
                 ttft = time.perf_counter() - t0
     if ttft is None:
         raise RuntimeError(f"{side}: no text delta came")
