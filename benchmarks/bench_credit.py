@@ -254,7 +254,7 @@ def _run_claimed(env: str, est: str, seed: int, run_dir: Path, args: argparse.Na
                  warm_from: Path | None) -> dict:
     cmd = ["nice", "-n", str(args.nice), *_agentrl(), "train", ENVS[env], f"run_dir={run_dir}", f"seed={seed}",
            f"trainer.seed={seed}", f"engine.seed={seed}", f"env.seed_start={seed * 100_000}",
-           f"trainer.advantage.estimator={est}", f"steps={args.steps}", f"eval.every={args.eval_every}",
+           *args.arm_overrides[est], f"steps={args.steps}", f"eval.every={args.eval_every}",
            f"eval.episodes={args.eval_episodes}", "progress=false", *extra]
     failed_starts = []
     for attempt in range(args.retries + 1):
@@ -382,9 +382,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retries", type=int, default=2, help="restarts of a run that failed before its first step")
     ap.add_argument("--warm-start", action="append", default=[], metavar="ENV=RUN_DIR",
                     help="reuse RUN_DIR/warmstart for ENV (refused if its demonstrations met this held-out set)")
+    ap.add_argument("--arm", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE...]",
+                    help="compare these override sets (one per arm; NAME= for the config as it is) instead of "
+                         "--estimators, e.g. --arm full= --arm lora=trainer.lora.rank=16")
     ap.add_argument("--report-only", action="store_true")
     args, extra = ap.parse_known_args(argv)
     extra = [e for e in extra if e != "--"]
+    args.arm_overrides = {e: [f"trainer.advantage.estimator={e}"] for e in args.estimators}
+    if args.arm:
+        args.arm_overrides = {}
+        for spec in args.arm:
+            name, eq, rest = spec.partition("=")
+            if not eq or not name or "-seed" in name or "/" in name:
+                raise SystemExit(f"--arm {spec!r}: expected NAME=KEY=VALUE[,KEY=VALUE...] (NAME without '/' or "
+                                 "'-seed'; NAME= for no overrides)")
+            args.arm_overrides[name] = [kv for kv in rest.split(",") if kv]
+        args.estimators = list(args.arm_overrides)
     out = Path(args.out)
     if not args.report_only:
         run_grid(args, extra)
@@ -393,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "credit.json").write_text(json.dumps({"runs": runs, "aggregate": agg, "tasks": tasks,
                                                   "gain": args.gain}, indent=2))
+    if not runs:
+        print(f"no finished run under {out} (each run's log: {out}/ENV/ARM-seedN.log)")
+        return 1
     png = plot(agg, out / "credit.png")
     print(table(agg, tasks))
     print(f"\njson: {out / 'credit.json'}\nplot: {png}")

@@ -44,7 +44,14 @@ class TrainerModel:
     ``peak_flops`` per GPU (dense bf16), ``mfu``, ``gpus`` (data-parallel ranks), a fixed ``step_overhead_s``
     (optimizer step, gathering weights for the engine). ``slowdown_while_generating``: the step costs that many times
     more while the engine decodes on the same devices (shared CPU cores); ``exclusive``: the engine is paused during
-    a step instead (co-located on the same GPUs)."""
+    a step instead (co-located on the same GPUs).
+
+    Layout: with ``micro_batch_size`` 0 (packed or tree layouts; the GPU presets) every token of a step costs
+    ``flops_per_token``. With ``micro_batch_size`` > 0 the trainer pads (its default layout): the trajectories are
+    sorted by length and cut into micro-batches of that many, and the body costs ``flops_per_token`` per *padded*
+    token (rows x the longest row), while the log-prob head, which only ever sees real positions, costs
+    ``head_flops_per_token`` per real token. On a batch of long-tailed lengths the padded count is 2-3x the real one
+    (the quickstart's trajectories), so a cost by real tokens underestimates the CPU trainer's step by ~40 %."""
 
     flops_per_token: float = 6 * 0.5e9
     peak_flops: float = 989e12
@@ -53,19 +60,35 @@ class TrainerModel:
     step_overhead_s: float = 0.0
     slowdown_while_generating: float = 1.0
     exclusive: bool = False
+    micro_batch_size: int = 0
+    head_flops_per_token: float = 0.0
 
     def validate(self) -> None:
         if self.gpus < 1:
             raise ValueError(f"trainer.gpus must be >= 1, got {self.gpus}")
         if not 0 < self.mfu <= 1:
             raise ValueError(f"trainer.mfu must be in (0, 1], got {self.mfu}")
-        if self.peak_flops <= 0 or self.flops_per_token < 0 or self.step_overhead_s < 0:
-            raise ValueError("trainer.peak_flops must be > 0, flops_per_token and step_overhead_s >= 0")
+        if self.peak_flops <= 0 or self.flops_per_token < 0 or self.step_overhead_s < 0 or self.head_flops_per_token < 0:
+            raise ValueError("trainer.peak_flops must be > 0; flops_per_token, head_flops_per_token and "
+                             "step_overhead_s >= 0")
+        if self.micro_batch_size < 0:
+            raise ValueError(f"trainer.micro_batch_size must be >= 0 (0: no padding), got {self.micro_batch_size}")
         if self.slowdown_while_generating < 1:
             raise ValueError(f"trainer.slowdown_while_generating must be >= 1, got {self.slowdown_while_generating}")
 
-    def step_s(self, tokens: int) -> float:
-        return tokens * self.flops_per_token / (self.peak_flops * self.mfu * self.gpus)
+    def step_s(self, tokens: int, padded: int | None = None) -> float:
+        """Seconds of a step over ``tokens`` real tokens laid out as ``padded`` (None: packed, the same count)."""
+        body = tokens if padded is None or self.micro_batch_size == 0 else padded
+        return (body * self.flops_per_token + tokens * self.head_flops_per_token) / (
+            self.peak_flops * self.mfu * self.gpus)
+
+    def padded_tokens(self, lengths: list[int]) -> int:
+        """Rows x longest row over the length-sorted micro-batches of ``micro_batch_size`` (the trainer's padded
+        layout, :func:`agentrl.trainer.batching.split_micro` without a token cap); the plain sum when 0."""
+        if self.micro_batch_size == 0:
+            return sum(lengths)
+        ls, k = sorted(lengths, reverse=True), self.micro_batch_size
+        return sum(len(ls[i:i + k]) * ls[i] for i in range(0, len(ls), k))
 
 
 class _Call:
@@ -88,7 +111,8 @@ class SimTrainer:
             setattr(self, name, _Call(getattr(self, "_" + name)))
 
     async def _cost(self, groups: list[Any], overhead: float = 0.0) -> None:
-        tokens = sum(len(t.token_ids) for g in groups for t in g.trajectories)
+        lengths = [len(t.token_ids) for g in groups for t in g.trajectories]
+        tokens = sum(lengths)
         self.tokens += tokens
         for g in groups:
             for t in g.trajectories:
@@ -96,7 +120,7 @@ class SimTrainer:
                 if vs:
                     s = self.version - min(vs)
                     self.staleness[s] = self.staleness.get(s, 0) + 1
-        await self._spend(self.model.step_s(tokens) + overhead)
+        await self._spend(self.model.step_s(tokens, self.model.padded_tokens(lengths)) + overhead)
 
     async def _spend(self, dt: float) -> None:
         m, eng = self.model, self.engine

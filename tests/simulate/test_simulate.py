@@ -87,6 +87,30 @@ def test_a_colocated_trainer_pauses_the_engine_and_a_shared_one_slows_it():
     assert run(False, 1.0) == pytest.approx(6.0)
 
 
+def test_a_padding_trainer_charges_the_body_per_padded_token_and_the_head_per_real_token():
+    def traj(n: int):
+        return type("T", (), {"token_ids": [0] * n, "versions": [0] * n, "loss_mask": [1] * n})()
+
+    groups = [type("G", (), {"trajectories": [traj(n) for n in (2, 10, 2, 2)]})()]
+    padded = TrainerModel(flops_per_token=0.1, head_flops_per_token=0.01, peak_flops=1.0, mfu=1.0, micro_batch_size=2)
+    # sorted 10, 2 | 2, 2: 2 x 10 + 2 x 2 = 24 padded tokens; 16 real
+    assert padded.padded_tokens([2, 10, 2, 2]) == 24
+    packed = TrainerModel(flops_per_token=0.1, head_flops_per_token=0.01, peak_flops=1.0, mfu=1.0)
+
+    def run(model: TrainerModel) -> float:
+        tr = SimTrainer(model)
+
+        async def main():
+            await tr.train_step.remote(groups)
+
+        return run_virtual(main())[1]
+
+    assert run(padded) == pytest.approx(24 * 0.1 + 16 * 0.01)
+    assert run(packed) == pytest.approx(16 * 0.1 + 16 * 0.01)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        TrainerModel(micro_batch_size=-1).validate()
+
+
 def test_env_latency_caps_fail_slow_steps_and_validation():
     env = SimEnv(latency=1.0, latency_dist="fixed", slow_prob=1.0, slow_factor=10.0)
     assert env.latency_s() == 10.0

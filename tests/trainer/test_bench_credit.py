@@ -114,3 +114,28 @@ def test_a_claimed_cell_is_left_to_the_process_that_claimed_it(bench, tmp_path, 
     (tmp_path / "lake" / "gigpo-seed1.claim").unlink()
     assert bench.run_one("lake", "gigpo", 1, run_dir, None, [], None) == {"rc": 0}
     assert ran == [("lake", "gigpo", 1)] and not (tmp_path / "lake" / "gigpo-seed1.claim").exists()
+
+
+def test_arms_replace_the_estimators_with_their_own_overrides(bench, tmp_path, monkeypatch):
+    cmds = []
+
+    class Done:
+        returncode = 0
+
+    def fake_run(cmd, **kw):
+        cmds.append(cmd)
+        return Done()
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    monkeypatch.setattr(bench, "demos_in_eval_set", lambda *a: 0)
+    (tmp_path / "ws" / "warmstart" / "model").mkdir(parents=True)
+    rc = bench.main(["--out", str(tmp_path / "out"), "--envs", "lake", "--seeds", "0",
+                     "--warm-start", f"lake={tmp_path / 'ws'}",
+                     "--arm", "full=", "--arm", "lora=trainer.lora.rank=16,trainer.optimizer.lr=1e-3"])
+    assert rc == 1  # the fake runs finished nothing: reported, not a crash in the plot
+    by_dir = {next(a for a in c if a.startswith("run_dir=")).rpartition("/")[2]: c for c in cmds}
+    assert set(by_dir) == {"full-seed0", "lora-seed0"}
+    assert not any("estimator" in a or "lora" in a for a in by_dir["full-seed0"])
+    assert {"trainer.lora.rank=16", "trainer.optimizer.lr=1e-3"} <= set(by_dir["lora-seed0"])
+    with pytest.raises(SystemExit, match="--arm"):
+        bench.main(["--out", str(tmp_path / "out"), "--arm", "no-overrides"])
