@@ -15,6 +15,8 @@ a label this client keeps. The server label ``"default"`` (never relabelled sinc
 any other label must be an integer (a server labelled otherwise raises :class:`RemoteEngineError`). A request
 whose stream ends without its final chunk (connection cut, cancelled before the server knew its id) returns no
 tokens (``finish_reason="abort"``, the caller resubmits): a token is never returned without its server version.
+:meth:`RemoteEngine.generate_streaming` (the gateway's path) tells each chunk's ids as they arrive; a stream of
+its cut after some were told raises instead, since those cannot be taken back.
 So versions stay exact however the servers' labels change -- through :meth:`RemoteEngine.update_weights`, or by a
 trainer that pushes weights itself (vLLM's NCCL weight transfer with ``finish_weight_update(weight_version=...)``).
 
@@ -38,7 +40,7 @@ import os
 import tempfile
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import EngineConfig
@@ -193,6 +195,19 @@ class RemoteEngine(InferenceEngine):
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None
     ) -> Generation:
+        return await self._generate(prompt_ids, params, request_id, session_id, None)
+
+    async def generate_streaming(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None,
+        on_tokens: Callable[[list[int]], None],
+    ) -> Generation:
+        """:meth:`generate`, telling ``on_tokens`` each SSE chunk's new ids as the server sends them. A stream cut
+        after ids were told raises :class:`RemoteEngineError` (they have no server-reported version, and what the
+        caller was told cannot be taken back); one cut before any is retried as :meth:`generate` retries."""
+        return await self._generate(prompt_ids, params, request_id, session_id, on_tokens)
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str, session_id: str | None,
+                        tell: Callable[[list[int]], None] | None) -> Generation:
         """Streams a continuation of ``prompt_ids`` from one server. Returns ids, per-token log-probs, per-token
         versions as the server reports them (see the module docstring) and the finish reason; ``"abort"`` (server
         paused in abort mode, :meth:`abort`) keeps the tokens generated so far. Connection errors before any token
@@ -211,7 +226,7 @@ class RemoteEngine(InferenceEngine):
         while True:
             i = self.router.pick(session_id)
             try:
-                return await self._generate_on(i, list(prompt_ids), params, max_tokens, request_id)
+                return await self._generate_on(i, list(prompt_ids), params, max_tokens, request_id, tell)
             except _Retryable as e:
                 self.router.mark_unhealthy(i)
                 attempt += 1
@@ -242,11 +257,11 @@ class RemoteEngine(InferenceEngine):
         return body
 
     async def _generate_on(self, i: int, prompt: list[int], params: SamplingParams, max_tokens: int,
-                           request_id: str) -> Generation:
+                           request_id: str, tell: Callable[[list[int]], None] | None = None) -> Generation:
         import aiohttp
 
         server = self.servers[i]
-        req = _Request(server=i)
+        req = _Request(server=i, tell=tell)
         self.router.started(i)
         req.task = asyncio.ensure_future(self._stream(server, self._body(prompt, params, max_tokens, request_id), req))
         self._inflight[request_id] = req
@@ -267,7 +282,10 @@ class RemoteEngine(InferenceEngine):
         versions = versions_from_spans(req.spans, len(req.token_ids), self.initial_version) if req.done else None
         if versions is None:
             # No final chunk (stream cut or closed): these tokens have no server-reported version, so none is
-            # returned; the caller resubmits the prompt.
+            # returned; the caller resubmits the prompt. Streamed ones were already told: that cannot be undone.
+            if tell is not None and req.token_ids:
+                raise RemoteEngineError(f"request {request_id}: the stream from {server.url} was cut after "
+                                        f"{len(req.token_ids)} streamed tokens, before their versions")
             return Generation(token_ids=[], logprobs=[], versions=[], finish_reason="abort")
         finish = "abort" if req.aborted else req.finish
         reason = finish if finish in ("stop", "length", "abort") else ("abort" if finish is None else "stop")
@@ -307,6 +325,8 @@ class RemoteEngine(InferenceEngine):
                     new = list(choice.get("token_ids") or [])
                     content = ((choice.get("logprobs") or {}).get("content")) or []
                     req.token_ids.extend(new)
+                    if req.tell is not None and new:
+                        req.tell(new)
                     req.logprobs.extend(float(c["logprob"]) if c.get("logprob") is not None else float("nan")
                                         for c in content[: len(new)])
                     req.logprobs.extend([float("nan")] * (len(new) - len(content)))
@@ -424,6 +444,7 @@ class _Request:
     server: int
     task: asyncio.Task[Any] | None = None
     server_id: str | None = None
+    tell: Callable[[list[int]], None] | None = None  # generate_streaming's on_tokens
     aborted: bool = False
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """K in-process vLLM engines as Ray actors behind one router: ``engine.replicas: K``.
 
-Layout: each :class:`EngineReplica` actor owns one :class:`~agentrl.inference.vllm_engine.VLLMEngine` (its own
+Layout: each :class:`~agentrl.inference.replica_actor.EngineReplica` actor owns one :class:`~agentrl.inference.vllm_engine.VLLMEngine` (its own
 ``AsyncLLM``, engine-core process and KV cache; ``tensor_parallel_size`` GPUs on GPU hosts). The actors sit in one
 placement group (:mod:`agentrl.inference.placement`). :class:`ReplicatedEngine`, in the driver, is the
 :class:`~agentrl.inference.base.InferenceEngine` the agent loop sees: it routes each request with
@@ -21,6 +21,9 @@ Invariants:
 - The broadcast path (``weight_sync: nccl|gloo``) keeps the same shape: the trainer's sender pauses, fills and
   finishes every replica through :meth:`ReplicatedEngine.weight_sync_client`; the driver labels and resumes them
   with :meth:`ReplicatedEngine.commit_weight_update` (:mod:`agentrl.inference.weight_transfer`).
+- Streaming (:meth:`ReplicatedEngine.generate_streaming`, the gateway's path): the replica's actor relays each
+  engine step's new ids as a Ray streaming generator, so the caller sees tokens as they are made, not the
+  whole completion at the end.
 - CPU hosts: the replicas of one node split its cores (``VLLM_CPU_OMP_THREADS_BIND``) so their workers do not
   all pin the same core (vLLM's automatic binding would, for every replica).
 """
@@ -32,12 +35,13 @@ import dataclasses
 import logging
 import os
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import ray
 
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import EngineConfig
+from agentrl.inference.replica_actor import EngineReplica
 from agentrl.inference.router import Router
 
 
@@ -46,91 +50,6 @@ log = logging.getLogger("agentrl.inference")
 
 class EngineReplicaError(RuntimeError):
     """A replica died or failed an update; the message names it."""
-
-
-class EngineReplica:
-    """One engine in a Ray actor (``ray.remote(EngineReplica)``). Methods return plain data."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.engine: Any = None
-        self._payload: bytes | None = None
-
-    def node_info(self) -> dict[str, Any]:
-        """This actor's node id and the CPU cores it may use (to split cores between replicas on one node)."""
-        return {"node_id": ray.get_runtime_context().get_node_id(), "cores": sorted(os.sched_getaffinity(0)),
-                "pid": os.getpid()}
-
-    async def start(self, cfg: EngineConfig, env: dict[str, str]) -> float:
-        """Starts the engine (with ``env`` set first: thread binding); returns its start time in seconds."""
-        from agentrl.inference.vllm_engine import VLLMEngine
-
-        os.environ.update(env)
-        self.engine = await VLLMEngine.create(dataclasses.replace(cfg, replicas=1))
-        return self.engine.start_time_s
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Generation:
-        return await self.engine.generate(prompt_ids, params, request_id=request_id)
-
-    async def abort(self, request_id: str) -> None:
-        await self.engine.abort(request_id)
-
-    def version(self) -> int:
-        return self.engine.version
-
-    # state-dict path
-    async def prepare(self, state_dict: dict[str, Any]) -> int:
-        """Checks and packs ``state_dict`` for :meth:`load_prepared`; raises ValueError before anything pauses."""
-        self._payload = await asyncio.to_thread(self.engine.prepare_weights, state_dict)
-        return len(self._payload)
-
-    async def pause(self, mode: str) -> None:
-        await self.engine.pause(mode)
-
-    async def load_prepared(self) -> None:
-        payload, self._payload = self._payload, None
-        if payload is None:
-            raise RuntimeError("load_prepared without prepare")
-        await self.engine.load_prepared(payload)
-
-    async def commit(self, version: int) -> None:
-        await self.engine.commit(version)
-
-    # broadcast path (vLLM weight-transfer engines)
-    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
-        await self.engine.init_weight_transfer(init_info)
-
-    async def start_weight_update(self, mode: str) -> None:
-        await self.engine.start_weight_update(mode)
-
-    async def receive_weights(self, update_info: dict[str, Any]) -> None:
-        await self.engine.receive_weights(update_info)
-
-    async def finish_weight_update(self) -> None:
-        await self.engine.finish_weight_update()
-
-    def check_update(self, update_info: dict[str, Any]) -> None:
-        """Raises ValueError unless ``update_info`` names exactly the served checkpoint's tensors, shapes equal."""
-        from agentrl.inference.weights import check_shapes, checkpoint_schema, tied_embeddings
-
-        schema = checkpoint_schema(self.engine.model_path)
-        if schema is None:
-            return
-        got = {n: tuple(s) for n, s in zip(update_info["names"], update_info["shapes"])}
-        if tied_embeddings(self.engine.model_path) and "lm_head.weight" not in schema:
-            got.pop("lm_head.weight", None)
-        check_shapes(got, schema)
-
-    # extras
-    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
-        return await self.engine.prompt_logprobs(token_ids)
-
-    async def weights_digest(self) -> str:
-        return await self.engine.weights_digest()
-
-    async def close(self) -> None:
-        if self.engine is not None:
-            await self.engine.close()
 
 
 EngineReplicaActor = ray.remote(EngineReplica)
@@ -316,6 +235,47 @@ class ReplicatedEngine(InferenceEngine):
                 raise
             except ray.exceptions.RayActorError:
                 self._retire(i)
+                if not self._live():
+                    raise EngineReplicaError(f"request {request_id}: every engine replica died") from None
+            finally:
+                self.router.finished(i)
+                self._where.pop(request_id, None)
+
+    async def generate_streaming(
+        self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None,
+        on_tokens: Callable[[list[int]], None],
+    ) -> Generation:
+        """:meth:`generate`, telling ``on_tokens`` each output step's new ids as the replica's engine makes them
+        (the actor streams them back: a Ray streaming generator). A replica that dies before telling anything is
+        retired and the request goes to another one; after the first ids told it raises
+        :class:`EngineReplicaError`, since what the caller was told cannot be taken back."""
+        if self._closed:
+            raise RuntimeError("ReplicatedEngine is closed")
+        params.validate()
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        while True:
+            i = self._pick(session_id)
+            self.router.started(i)
+            self._where[request_id] = i
+            told = False
+            stream = self.replicas[i].generate_stream.options(num_returns="streaming").remote(
+                list(prompt_ids), params, request_id)
+            try:
+                async for ref in stream:
+                    item = await ref
+                    if isinstance(item, Generation):
+                        return item
+                    told = True
+                    on_tokens(item)
+                raise EngineReplicaError(f"request {request_id}: replica {i} ended its stream without a result")
+            except asyncio.CancelledError:
+                self.replicas[i].abort.remote(request_id)
+                raise
+            except ray.exceptions.RayActorError:
+                self._retire(i)
+                if told:
+                    raise EngineReplicaError(f"request {request_id}: replica {i} died mid-stream") from None
                 if not self._live():
                     raise EngineReplicaError(f"request {request_id}: every engine replica died") from None
             finally:

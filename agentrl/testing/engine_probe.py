@@ -67,7 +67,7 @@ class TokenProbe:
 
 # ---- engine replicas (Ray actors): run inside the actor with ``actor.__ray_call__.remote(fn, ...)`` -------------
 def count_replica_tokens(replica: Any) -> None:
-    """Makes an :class:`~agentrl.inference.replicas.EngineReplica` count every request's tokens as they come out
+    """Makes an :class:`~agentrl.inference.replica_actor.EngineReplica` count every request's tokens as they come out
     of its engine (read them with :func:`replica_tokens`). Idempotent."""
     llm = replica.engine._llm
     if "generate" in vars(llm):

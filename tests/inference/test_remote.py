@@ -294,3 +294,53 @@ async def test_stream_cut_before_final_chunk_returns_no_tokens():
     finally:
         await eng.close()
         await runner.cleanup()
+
+
+async def test_streaming_tells_each_chunk_as_the_server_sends_it():
+    """``generate_streaming`` over SSE: the server holds its final chunk until the first ids were told (a client
+    that told only at the end would hang here, so the stream is live), what was told is the generation, and a
+    stream cut after ids were told is an error, not a silent empty generation."""
+    from aiohttp import web
+
+    told_first = asyncio.Event()
+
+    def chunk(tokens, final=False):
+        choice = {"index": 0, "token_ids": tokens, "finish_reason": "length" if final else None,
+                  "logprobs": {"content": [{"token_id": t, "logprob": -1.0} for t in tokens]},
+                  "weight_versions": [{"version": "2", "start": 0, "end": 3}] if final else None}
+        return ("data: " + json.dumps({"request_id": "srv-s", "choices": [choice]}) + "\n\n").encode()
+
+    async def handler(request):
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(chunk([21, 22]))
+        if body["request_id"] == "live":
+            await asyncio.wait_for(told_first.wait(), 60)
+            await resp.write(chunk([23], final=True))
+            await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/inference/v1/generate", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    eng = RemoteEngine([f"http://127.0.0.1:{port}"], max_retries=0)
+    told: list[list[int]] = []
+
+    def on_tokens(ids):
+        told.append(list(ids))
+        told_first.set()
+
+    try:
+        gen = await asyncio.wait_for(eng.generate_streaming([1, 2], SamplingParams(max_tokens=3), request_id="live",
+                                                            on_tokens=on_tokens), 60)
+        assert told == [[21, 22], [23]] and gen.token_ids == [21, 22, 23] and gen.versions == [2, 2, 2]
+        with pytest.raises(RemoteEngineError, match="cut after 2 streamed tokens"):
+            await eng.generate_streaming([1, 2], SamplingParams(max_tokens=3), request_id="cut", on_tokens=told.append)
+    finally:
+        await eng.close()
+        await runner.cleanup()

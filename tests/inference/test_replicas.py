@@ -218,6 +218,29 @@ async def test_trainer_broadcast_through_vllm_weight_transfer(eng, tok, original
         await _restore(eng, original)
 
 
+async def test_streaming_tells_each_step_as_the_replica_makes_it(eng, tok):
+    """The gateway's path through replicas: ids come back while the request runs (the first one told aborts it,
+    so a stream delivered only at the end would have all 1,000 tokens), and what was told is the generation."""
+    p = _prompt(tok)
+    told: list[list[int]] = []
+
+    def on_tokens(ids: list[int]) -> None:
+        told.append(list(ids))
+        if len(told) == 1:
+            asyncio.get_running_loop().create_task(eng.abort("st-1"))
+
+    gen = await eng.generate_streaming(p, SamplingParams(max_tokens=1000, ignore_eos=True), request_id="st-1",
+                                       session_id="st", on_tokens=on_tokens)
+    assert gen.finish_reason == "abort" and 0 < len(gen.token_ids) < 1000
+    assert [t for ids in told for t in ids] == gen.token_ids
+    assert gen.versions == [eng.version] * len(gen.token_ids)
+    whole: list[int] = []
+    full = await eng.generate_streaming(p, SamplingParams(max_tokens=12, ignore_eos=True), request_id="st-2",
+                                        on_tokens=whole.extend)
+    assert whole == full.token_ids and len(full.token_ids) == 12 and full.finish_reason == "length"
+    assert eng._where == {}  # both requests left the router's books
+
+
 async def test_trajectory_moving_to_another_replica_keeps_exact_versions(eng, tok, original):
     """A replica dies while a trajectory's turn is on it: the turn is retried on the other replica (nothing of
     the lost request was returned) and every token keeps the version of the replica that made it. Updates go on
