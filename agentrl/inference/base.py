@@ -80,9 +80,9 @@ class InferenceEngine(abc.ABC):
     ) -> Generation:
         """:meth:`generate`, telling ``on_tokens(new_ids)`` on the caller's event loop as tokens come out, in order,
         before this returns; the ids told add up to the returned ``token_ids`` (log-probs and versions are read from
-        the returned :class:`Generation` only). This default tells the whole generation once it is done; backends
-        that see their engine's incremental output (:class:`~agentrl.inference.vllm_engine.VLLMEngine`) tell each
-        step."""
+        the returned :class:`Generation` only). This default tells the whole generation once it is done; the
+        shipped backends override it and tell each step (:class:`~agentrl.inference.vllm_engine.VLLMEngine`,
+        :class:`~agentrl.inference.replicas.ReplicatedEngine`, :class:`~agentrl.inference.remote.RemoteEngine`)."""
         gen = await self.generate(prompt_ids, params, request_id=request_id, session_id=session_id)
         if gen.token_ids:
             on_tokens(list(gen.token_ids))
