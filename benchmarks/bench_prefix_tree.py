@@ -19,6 +19,7 @@ start and end (timings on a shared machine are noise without it).
 
     PYTHONPATH=. nice -n 5 .venv/bin/python benchmarks/bench_prefix_tree.py --cases tooluse split harness
     PYTHONPATH=. .venv/bin/python benchmarks/bench_prefix_tree.py --cases harness --prompt 64 --gen 8 --reps 1
+    PYTHONPATH=. nice -n 5 .venv/bin/python benchmarks/bench_prefix_tree.py --micro 64 --micro-tokens 8192
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
     seqs = [torch.tensor(t.token_ids[a:b]) for gr in groups for t in gr.trajectories for a, b in t.segment_slices()]
     # distinct prefixes of the whole sequences (build_tree drops each sequence's last token: pad one on)
     unique = build_tree([torch.cat([x, x[:1]]) for x in seqs]).num_nodes
-    trainers = {layout: Trainer(TrainerConfig(device="cpu", micro_batch_size=args.micro, prefix_tree=layout == "tree",
+    trainers = {layout: Trainer(TrainerConfig(device="cpu", micro_batch_size=args.micro,
+                                              micro_batch_tokens=args.micro_tokens, prefix_tree=layout == "tree",
                                               loss=LossConfig(name="decoupled_ppo")), model_dir)
                 for layout in ("flat", "tree")}
     metrics = {layout: tr.train_step(groups) for layout, tr in trainers.items()}  # warm-up
@@ -159,6 +161,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
             "tree_step_cpu_s": round(statistics.median(cpu["tree"]), 3),
             "speedup": round(med["flat"] / med["tree"], 2),
             "speedup_cpu": round(statistics.median(cpu["flat"]) / statistics.median(cpu["tree"]), 2),
+            "micro_batch_size": args.micro, "micro_batch_tokens": args.micro_tokens,
             "reps": args.reps, "max_param_diff": diff, "torch_threads": torch.get_num_threads(),
             "loadavg_1m_start": round(load0, 1), "loadavg_1m_end": round(os.getloadavg()[0], 1)}
 
@@ -172,6 +175,9 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128, help="harness: generated tokens per sample (+-25%%)")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per layout (interleaved)")
     ap.add_argument("--micro", type=int, default=8, help="micro_batch_size")
+    ap.add_argument("--micro-tokens", type=int, default=None,
+                    help="micro_batch_tokens: the same memory budget for both layouts (flat: padded tokens per "
+                         "micro-batch; tree: distinct prefixes), so the tree fits more sequences per micro-batch")
     args = ap.parse_args()
     for name in args.cases:
         print(json.dumps(run_case(name, args)), flush=True)

@@ -218,28 +218,7 @@ class ReplicatedEngine(InferenceEngine):
         """Generates on the replica the router picks (the trajectory's replica for ``session_id``); same contract
         as :meth:`VLLMEngine.generate <agentrl.inference.vllm_engine.VLLMEngine.generate>`. A replica that dies
         before answering is retired and the request goes to another one (nothing of it was returned)."""
-        if self._closed:
-            raise RuntimeError("ReplicatedEngine is closed")
-        params.validate()
-        if not prompt_ids:
-            raise ValueError("prompt_ids must not be empty")
-        while True:
-            i = self._pick(session_id)
-            self.router.started(i)
-            self._where[request_id] = i
-            ref = self.replicas[i].generate.remote(list(prompt_ids), params, request_id)
-            try:
-                return await ref
-            except asyncio.CancelledError:
-                self.replicas[i].abort.remote(request_id)  # the caller went away: free the replica's slot
-                raise
-            except ray.exceptions.RayActorError:
-                self._retire(i)
-                if not self._live():
-                    raise EngineReplicaError(f"request {request_id}: every engine replica died") from None
-            finally:
-                self.router.finished(i)
-                self._where.pop(request_id, None)
+        return await self._routed(prompt_ids, params, request_id, session_id, None)
 
     async def generate_streaming(
         self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None,
@@ -249,6 +228,10 @@ class ReplicatedEngine(InferenceEngine):
         (the actor streams them back: a Ray streaming generator). A replica that dies before telling anything is
         retired and the request goes to another one; after the first ids told it raises
         :class:`EngineReplicaError`, since what the caller was told cannot be taken back."""
+        return await self._routed(prompt_ids, params, request_id, session_id, on_tokens)
+
+    async def _routed(self, prompt_ids: list[int], params: SamplingParams, request_id: str, session_id: str | None,
+                      tell: Callable[[list[int]], None] | None) -> Generation:
         if self._closed:
             raise RuntimeError("ReplicatedEngine is closed")
         params.validate()
@@ -259,18 +242,19 @@ class ReplicatedEngine(InferenceEngine):
             self.router.started(i)
             self._where[request_id] = i
             told = False
-            stream = self.replicas[i].generate_stream.options(num_returns="streaming").remote(
-                list(prompt_ids), params, request_id)
             try:
-                async for ref in stream:
+                if tell is None:
+                    return await self.replicas[i].generate.remote(list(prompt_ids), params, request_id)
+                async for ref in self.replicas[i].generate_stream.options(num_returns="streaming").remote(
+                        list(prompt_ids), params, request_id):
                     item = await ref
                     if isinstance(item, Generation):
                         return item
                     told = True
-                    on_tokens(item)
+                    tell(item)
                 raise EngineReplicaError(f"request {request_id}: replica {i} ended its stream without a result")
             except asyncio.CancelledError:
-                self.replicas[i].abort.remote(request_id)
+                self.replicas[i].abort.remote(request_id)  # the caller went away: free the replica's slot
                 raise
             except ray.exceptions.RayActorError:
                 self._retire(i)
