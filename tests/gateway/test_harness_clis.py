@@ -277,27 +277,32 @@ async def gateway(vllm, tok):
         yield gw
 
 
-async def run_cli(name: str, gw: LoggedGateway, env: dict[str, str]) -> tuple[int, str, str, Path]:
-    tmp = Path(tempfile.mkdtemp(prefix=f"agentrl-{name}-"))  # short: a Unix socket path has ~100 bytes
-    home, work, sock = tmp / "home", tmp / "work", str(tmp / "gw.sock")
-    home.mkdir()
-    work.mkdir()
-    argv, extra = CLIS[name][1](f"http://127.0.0.1:{gw.port}/s/{name}", home)
+async def sandboxed(argv: list[str], env: dict[str, str], gw: LoggedGateway, tmp: Path) -> tuple[int, str, str]:
+    """Runs ``argv`` in the sandbox (home ``tmp/home``, working directory ``tmp/work``) with the gateway as its
+    only peer; returns (exit code, stdout, stderr)."""
+    sock = str(tmp / "gw.sock")
     bridge = await _bridge(sock, gw.port)
     try:
         proc = await asyncio.create_subprocess_exec(
-            *_bwrap(argv, home, work, sock, gw.port), env={**env, **extra, "HOME": SANDBOX_HOME},
+            *_bwrap(argv, tmp / "home", tmp / "work", sock, gw.port), env={**env, "HOME": SANDBOX_HOME},
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
         except asyncio.TimeoutError:
             proc.kill()
             out, err = await proc.communicate()
-            pytest.fail(f"{name} did not finish within {CLI_TIMEOUT_S}s; stderr: {err.decode()[-2000:]}")
+            pytest.fail(f"{argv[0]} did not finish within {CLI_TIMEOUT_S}s; stderr: {err.decode()[-2000:]}")
     finally:
         bridge.close()
         await bridge.wait_closed()
-    return proc.returncode, out.decode(), err.decode(), tmp
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _tmp(name: str) -> Path:
+    tmp = Path(tempfile.mkdtemp(prefix=f"agentrl-{name}-"))  # short: a Unix socket path has ~100 bytes
+    (tmp / "home").mkdir()
+    (tmp / "work").mkdir()
+    return tmp
 
 
 def check_capture(gw: LoggedGateway, sid: str, record: list[tuple[list[int], Any]]) -> None:
@@ -315,9 +320,10 @@ def check_capture(gw: LoggedGateway, sid: str, record: list[tuple[list[int], Any
 
 @pytest.mark.parametrize("name", list(CLIS))
 async def test_harness_cli_against_gateway(name, gateway, cli_env, tok):
-    gw = gateway
-    rc, out, err, tmp = await run_cli(name, gw, cli_env)
+    gw, tmp = gateway, _tmp(name)
     try:
+        argv, extra = CLIS[name][1](f"http://127.0.0.1:{gw.port}/s/{name}", tmp / "home")
+        rc, out, err = await sandboxed(argv, {**cli_env, **extra}, gw, tmp)
         record = [(p, g) for p, g, s in gw.engine_record if s == name]
         capped = bool(record) and len(record[-1][1].token_ids) >= MAX_TOKENS  # the model did not stop by itself
         assert rc == 0 or (name == "codex" and rc == 1 and capped and CODEX_CAPPED in out), \
@@ -338,4 +344,32 @@ async def test_harness_cli_against_gateway(name, gateway, cli_env, tok):
         decoded = [tok.decode(g.token_ids, skip_special_tokens=True).strip() for _, g in record]
         assert text and any(text[:40] in d for d in decoded), (text[:200], [d[:200] for d in decoded])
     finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+PROBE = """const net = require("net");
+const probe = (host, port) => new Promise((done) => {
+  const s = net.connect(port, host, () => { s.destroy(); done("open"); });
+  s.on("error", (e) => done(e.code));
+});
+(async () => console.log(JSON.stringify(await Promise.all(process.argv.slice(1).map((hp) => {
+  const [host, port] = hp.split(":"); return probe(host, Number(port)); })))))();
+"""
+
+
+async def test_sandbox_reaches_only_the_gateway(gateway, cli_env):
+    """Where the CLIs run, the gateway's port answers and nothing else does: not another server on the host's
+    loopback, not the npm registry that the host itself reaches."""
+    other = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = other.sockets[0].getsockname()[1]
+    tmp = _tmp("probe")
+    try:
+        rc, out, err = await sandboxed(["node", "-e", PROBE, f"127.0.0.1:{gateway.port}", f"127.0.0.1:{port}",
+                                        "registry.npmjs.org:443"], cli_env, gateway, tmp)
+        assert rc == 0, err
+        gw_port, host_port, registry = json.loads(out)
+        assert gw_port == "open" and host_port == "ECONNREFUSED" and registry != "open", out
+    finally:
+        other.close()
+        await other.wait_closed()
         shutil.rmtree(tmp, ignore_errors=True)

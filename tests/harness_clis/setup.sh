@@ -15,7 +15,15 @@ CLIS=(
 )
 t0=$(date +%s)
 mkdir -p "$ROOT"
-command -v npm >/dev/null 2>&1 || { echo "harness-clis setup: npm not found (apt-get install npm)" >&2; exit 1; }
+if ! command -v npm >/dev/null 2>&1; then  # a fresh CI machine: Debian's npm (any Node) only fetches; Node 22 runs
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "harness-clis setup: npm not found (apt-get install npm, or run this as root)" >&2
+    exit 1
+  fi
+  echo "harness-clis setup: installing Debian's npm"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+fi
 
 # A marker per package spec: present only after a complete install of exactly that spec.
 installed() { [ -f "$ROOT/$1/.installed" ] && [ "$(cat "$ROOT/$1/.installed")" = "$2" ]; }
