@@ -12,7 +12,12 @@ The tiny model writes nonsense, so the task is not checked; the protocol is: eve
 the CLI's dialect (path, streaming), was answered without a server error, the CLI exited 0 having parsed the model's
 text (it prints what the gateway generated), and the session's capture is exact: every sampled token is in the
 trajectory with the engine's log-prob and version, every segment is a prompt the engine got followed by what it
-returned, and a reward makes it a validated trajectory.
+returned, and a reward makes it a validated trajectory. The tiny model never writes a well-formed tool call, so a
+second test scripts the first answer of a session as one (the CLI's own file-writing tool, in the model's format):
+the CLI runs it, the file appears, and the CLI's next request (with the tool result) renders as an exact extension
+of the session's tokens (one segment). Codex treats a response cut at the gateway's ``max_tokens`` cap (the tiny
+model sometimes samples past it without an end token) as a failed turn: that exit, and only it, is accepted, when
+the cap was reached.
 
 The CLIs are a test dependency, not agentrl's: ``tests/harness_clis/setup.sh`` installs the pinned versions (CI runs
 it in ``.ci/run``). Missing CLIs or bwrap fail these tests under ``CI=true`` and skip them elsewhere, naming the
@@ -37,7 +42,7 @@ from aiohttp import web
 
 from agentrl.chat import load_tokenizer
 from agentrl.gateway import Gateway, GatewayConfig
-from agentrl.inference.base import InferenceEngine
+from agentrl.inference.base import Generation, InferenceEngine
 
 # one engine and one gateway (on one event loop) for the module's CLIs
 pytestmark = [pytest.mark.engine, pytest.mark.bwrap, pytest.mark.timeout(1200), pytest.mark.asyncio(loop_scope="module")]
@@ -102,20 +107,29 @@ def tok(model_dir):
 
 
 class Recorded(InferenceEngine):
-    """The engine, with a record of every generation it returned and the session it was for."""
+    """The engine, with a record of every generation it returned and the session it was for. ``script[session]``:
+    outputs (token ids) returned, in turn, instead of sampling, for that session's first requests: the tiny model
+    never writes a well-formed tool call, so a scripted one makes the CLI run its tool and send the result back. A
+    scripted output carries log-prob -1.0 (it was not sampled) and the engine's version."""
 
     def __init__(self, engine: Any) -> None:
         self.engine, self.record = engine, []
+        self.script: dict[str, list[list[int]]] = {}
         self.max_model_len, self.model_path = engine.max_model_len, engine.model_path
 
     async def generate(self, prompt_ids, params, *, request_id, session_id=None):
-        gen = await self.engine.generate(prompt_ids, params, request_id=request_id, session_id=session_id)
-        self.record.append((list(prompt_ids), gen, session_id))
-        return gen
+        return await self.generate_streaming(prompt_ids, params, request_id=request_id, session_id=session_id,
+                                             on_tokens=lambda ids: None)
 
     async def generate_streaming(self, prompt_ids, params, *, request_id, session_id=None, on_tokens):
-        gen = await self.engine.generate_streaming(prompt_ids, params, request_id=request_id, session_id=session_id,
-                                                   on_tokens=on_tokens)
+        if self.script.get(session_id):
+            ids = self.script[session_id].pop(0)
+            for t in ids:  # token by token, as the engine streams: the tool call goes out in its delta form
+                on_tokens([t])
+            gen = Generation(list(ids), [-1.0] * len(ids), [self.engine.version] * len(ids), "stop")
+        else:
+            gen = await self.engine.generate_streaming(prompt_ids, params, request_id=request_id,
+                                                       session_id=session_id, on_tokens=on_tokens)
         self.record.append((list(prompt_ids), gen, session_id))
         return gen
 
@@ -147,7 +161,9 @@ class LoggedGateway(Gateway):
             self.requests.append(entry)
             if request.method == "POST":
                 try:  # read once here; aiohttp keeps the body for the handler
-                    entry["stream"] = bool(json.loads(await request.read()).get("stream"))
+                    body = json.loads(await request.read())
+                    entry["stream"] = bool(body.get("stream"))
+                    entry["tools"] = [t.get("name") or t.get("function", {}).get("name") for t in body.get("tools", [])]
                 except (ValueError, AttributeError):
                     pass
             resp = await handler(request)
@@ -273,7 +289,7 @@ async def gateway(vllm, tok):
     # Claude Code's background calls name claude-* models; any other name is refused (404), as without a harness.
     cfg = GatewayConfig(port=0, api_key=KEY, model_aliases=["claude-*"], max_tokens=MAX_TOKENS)
     async with LoggedGateway(eng, tok, cfg, model_name="tiny") as gw:
-        gw.engine_record, gw.engine_version = eng.record, vllm.version
+        gw.engine_record, gw.engine_version, gw.script = eng.record, vllm.version, eng.script
         yield gw
 
 
@@ -337,6 +353,7 @@ async def test_harness_cli_against_gateway(name, gateway, cli_env, tok):
         assert generating[0]["stream"] is True and all(r["stream"] for r in generating), reqs
         assert all(r["status"] == 200 for r in reqs), reqs
         assert "server_error" not in gw.errors and "stream_mismatch" not in gw.errors, gw.errors
+        print(name, reqs, gw.store.sessions[name].info(), gw.errors)  # in the log of a failing run
         assert len(record) == len(generating)
         check_capture(gw, name, record)
         # The CLI parsed the model's text from our stream: what it printed is what the engine sampled.
@@ -372,4 +389,43 @@ async def test_sandbox_reaches_only_the_gateway(gateway, cli_env):
     finally:
         other.close()
         await other.wait_closed()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+TOOL_CALLS = {  # each CLI's own file-writing tool (names and arguments as its requests declare them)
+    "qwen": ("write_file", {"file_path": f"{SANDBOX_WORK}/hello.txt", "content": "hi"}),
+    "codex": ("exec_command", {"cmd": "printf hi > hello.txt"}),
+    "claude": ("Write", {"file_path": f"{SANDBOX_WORK}/hello.txt", "content": "hi"}),
+}
+
+
+@pytest.mark.parametrize("name", list(CLIS))
+async def test_harness_cli_runs_a_tool_call_through_gateway(name, gateway, cli_env, tok):
+    """The model's first answer is a tool call (scripted, in the tiny model's own ``<tool_call>`` format, streamed
+    token by token): the gateway sends it in the CLI's dialect, the CLI runs its tool (the file appears in the
+    sandbox's working directory), sends the result back, and the gateway continues the same session on the engine,
+    its capture exact across both requests."""
+    gw, sid, tmp = gateway, f"{name}-tool", _tmp(name)
+    tool, args = TOOL_CALLS[name]
+    call = tok.encode(f"<tool_call>\n{json.dumps({'name': tool, 'arguments': args})}\n</tool_call>",
+                      add_special_tokens=False)
+    gw.script[sid] = [call + [tok.eos_token_id]]
+    try:
+        argv, extra = CLIS[name][1](f"http://127.0.0.1:{gw.port}/s/{sid}", tmp / "home")
+        rc, out, err = await sandboxed(argv, {**cli_env, **extra}, gw, tmp)
+        record = [(p, g) for p, g, s in gw.engine_record if s == sid]
+        capped = bool(record) and len(record[-1][1].token_ids) >= MAX_TOKENS
+        assert rc == 0 or (name == "codex" and rc == 1 and capped and CODEX_CAPPED in out), \
+            f"{name} exited {rc}; stdout: {out[-2000:]}\nstderr: {err[-3000:]}"
+        assert (tmp / "work" / "hello.txt").read_text().strip() == "hi", out[-2000:]
+        reqs = [r for r in gw.requests if r["sid"] == sid]
+        print(name, reqs, gw.store.sessions[sid].info(), gw.errors)  # in the log of a failing run
+        assert all(r["status"] == 200 and r["stream"] for r in reqs if not r["path"].endswith("/models")), reqs
+        assert gw.store.sessions[sid].stats["tool_calls"] >= 1 and len(record) >= 2, reqs
+        # The tool's result came back in the CLI's next request, rendered as an extension of the session's tokens
+        # (the scripted call included): one segment, no drift, as the agent loop would have built it.
+        first = record[0][0] + record[0][1].token_ids
+        assert record[1][0][: len(first)] == first and gw.store.sessions[sid].info()["gateway/segments"] == 1
+        check_capture(gw, sid, record)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
