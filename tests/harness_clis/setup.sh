@@ -48,14 +48,13 @@ done
 wait
 
 cat > "$ROOT/env.sh" <<ENV
-# Written by tests/harness_clis/setup.sh: PATH with Node 22 and the CLIs, and each CLI's own switches for telemetry,
-# update checks and other calls home (the test machine reaches only the gateway).
+# Written by tests/harness_clis/setup.sh: PATH with Node 22 and the CLIs, and the CLIs' own environment switches for
+# telemetry, error reports and update checks (each name checked in that CLI's code). Switches that live in config
+# files (Qwen Code's settings.json, Codex's config.toml) are written by the test into each run's home.
 export PATH="$NODE_BIN:$ROOT/qwen/node_modules/.bin:$ROOT/codex/node_modules/.bin:$ROOT/claude/node_modules/.bin:\$PATH"
 export DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 DISABLE_AUTOUPDATER=1 DISABLE_BUG_COMMAND=1
 export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY=1
-export QWEN_CODE_DISABLE_TELEMETRY=1 QWEN_TELEMETRY_ENABLED=false
-export CODEX_DISABLE_UPDATE_CHECK=1
-export NO_UPDATE_NOTIFIER=1 NPM_CONFIG_UPDATE_NOTIFIER=false
+export QWEN_TELEMETRY_ENABLED=false
 ENV
 for entry in "${CLIS[@]}"; do
   read -r name spec <<<"$entry"
