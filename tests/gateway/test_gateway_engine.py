@@ -18,7 +18,7 @@ import pytest
 
 from agentrl.chat import load_tokenizer
 from agentrl.gateway import HARNESS_ENV_ID, Gateway, GatewayConfig, HarnessPolicy, HarnessResult
-from agentrl.inference.base import InferenceEngine
+from agentrl.testing.recording import RecordingEngine
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]  # one engine + trainer start: ~10 min at load 40
@@ -27,35 +27,6 @@ TOL = 1e-4  # float32 engine vs float32 trainer (the weight-sync tests measure ~
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Age and city of a person.",
     "parameters": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}]
-
-
-class Recorded(InferenceEngine):
-    """The engine, with a record of every generation it returned (the engine's own record of what it sampled)."""
-
-    def __init__(self, engine):
-        self.engine, self.record = engine, []
-        self.max_model_len, self.model_path = engine.max_model_len, engine.model_path
-
-    async def generate(self, prompt_ids, params, *, request_id, session_id=None):
-        gen = await self.engine.generate(prompt_ids, params, request_id=request_id, session_id=session_id)
-        self.record.append((list(prompt_ids), gen))
-        return gen
-
-    async def generate_streaming(self, prompt_ids, params, *, request_id, session_id=None, on_tokens):
-        gen = await self.engine.generate_streaming(prompt_ids, params, request_id=request_id, session_id=session_id,
-                                                   on_tokens=on_tokens)
-        self.record.append((list(prompt_ids), gen))
-        return gen
-
-    async def update_weights(self, state_dict, version):
-        await self.engine.update_weights(state_dict, version)
-
-    @property
-    def version(self):
-        return self.engine.version
-
-    async def abort(self, request_id):
-        await self.engine.abort(request_id)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +81,7 @@ def check_against_engine(traj, record, trainer):
 async def test_openai_client_multi_turn_tools_stream_and_not(vllm, tok, model_dir, trainer):
     from safetensors.torch import load_file
 
-    eng = Recorded(vllm)
+    eng = RecordingEngine(vllm)
     async with Gateway(eng, tok, GatewayConfig(port=0), model_name="tiny") as gw, \
             openai.AsyncOpenAI(base_url=f"{gw.url}/s/tools/v1", api_key="x", max_retries=0) as c:
         msgs = [{"role": "system", "content": "Answer with tools."}, {"role": "user", "content": "How old is Ann?"}]
@@ -150,7 +121,7 @@ async def test_streams_token_by_token_across_a_weight_update_and_a_hang_up(vllm,
 
     from agentrl.gateway.choices import read_chat
 
-    eng = Recorded(vllm)
+    eng = RecordingEngine(vllm)
     msgs = [{"role": "user", "content": "Tell me a long story."}]
     kw = dict(model="tiny", messages=msgs, max_tokens=300, temperature=0.0, extra_body={"ignore_eos": True})
     async with Gateway(eng, tok, GatewayConfig(port=0), model_name="tiny") as gw, \
@@ -213,7 +184,7 @@ async def test_anthropic_client_multi_turn_tools_stream_and_not(vllm, tok, train
     are the gateway's rendering plus what the engine sampled, with the engine's log-probs and versions."""
     import anthropic
 
-    eng = Recorded(vllm)
+    eng = RecordingEngine(vllm)
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in TOOLS]
     async with Gateway(eng, tok, GatewayConfig(port=0, max_tokens=12), model_name="tiny") as gw, \
@@ -246,7 +217,7 @@ async def test_anthropic_client_multi_turn_tools_stream_and_not(vllm, tok, train
 async def test_responses_client_multi_turn_tools_stream_and_not(vllm, tok, trainer):
     """The same record through OpenAI's Responses dialect (the official client), by whole input and by
     ``previous_response_id``."""
-    eng = Recorded(vllm)
+    eng = RecordingEngine(vllm)
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
     async with Gateway(eng, tok, GatewayConfig(port=0, max_tokens=12), model_name="tiny") as gw, \
             openai.AsyncOpenAI(base_url=f"{gw.url}/s/codex/v1", api_key="x", max_retries=0) as c:
@@ -277,7 +248,7 @@ async def test_responses_client_multi_turn_tools_stream_and_not(vllm, tok, train
 
 
 async def test_history_rewriting_harness_yields_segments_the_engine_saw(vllm, tok, trainer):
-    eng = Recorded(vllm)
+    eng = RecordingEngine(vllm)
     async with Gateway(eng, tok, GatewayConfig(port=0), model_name="tiny") as gw, \
             openai.AsyncOpenAI(base_url=f"{gw.url}/s/rw/v1", api_key="x", max_retries=0) as c:
         msgs = [{"role": "user", "content": "Step 1."}]
@@ -403,7 +374,7 @@ async def test_mini_swe_agent_runs_unmodified_and_its_session_trains(vllm, tok, 
         return HarnessResult(1.0 if out.get("exit_status") == "Submitted" else 0.0,
                              {"exit_status": out.get("exit_status"), "probe": probe.output})
 
-    eng = Recorded(vllm)
+    eng = RecordingEngine(vllm)
     pol = HarnessPolicy(eng, tok, harness, GatewayConfig(port=0, sampling="config", temperature=1.0))
     try:
         async with EnvManager(ManagerConfig(max_turns=16), pol) as m:

@@ -42,7 +42,7 @@ from aiohttp import web
 
 from agentrl.chat import load_tokenizer
 from agentrl.gateway import Gateway, GatewayConfig
-from agentrl.inference.base import Generation, InferenceEngine
+from agentrl.testing.recording import RecordingEngine
 
 # one engine and one gateway (on one event loop) for the module's CLIs
 pytestmark = [pytest.mark.engine, pytest.mark.bwrap, pytest.mark.timeout(1200), pytest.mark.asyncio(loop_scope="module")]
@@ -104,44 +104,6 @@ def vllm(model_dir, cli_env):  # cli_env first: no engine start when the CLIs ar
 @pytest.fixture(scope="module")
 def tok(model_dir):
     return load_tokenizer(model_dir)
-
-
-class Recorded(InferenceEngine):
-    """The engine, with a record of every generation it returned and the session it was for. ``script[session]``:
-    outputs (token ids) returned, in turn, instead of sampling, for that session's first requests: the tiny model
-    never writes a well-formed tool call, so a scripted one makes the CLI run its tool and send the result back. A
-    scripted output carries log-prob -1.0 (it was not sampled) and the engine's version."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.record = engine, []
-        self.script: dict[str, list[list[int]]] = {}
-        self.max_model_len, self.model_path = engine.max_model_len, engine.model_path
-
-    async def generate(self, prompt_ids, params, *, request_id, session_id=None):
-        return await self.generate_streaming(prompt_ids, params, request_id=request_id, session_id=session_id,
-                                             on_tokens=lambda ids: None)
-
-    async def generate_streaming(self, prompt_ids, params, *, request_id, session_id=None, on_tokens):
-        if self.script.get(session_id):
-            ids = self.script[session_id].pop(0)
-            for t in ids:  # token by token, as the engine streams: the tool call goes out in its delta form
-                on_tokens([t])
-            gen = Generation(list(ids), [-1.0] * len(ids), [self.engine.version] * len(ids), "stop")
-        else:
-            gen = await self.engine.generate_streaming(prompt_ids, params, request_id=request_id,
-                                                       session_id=session_id, on_tokens=on_tokens)
-        self.record.append((list(prompt_ids), gen, session_id))
-        return gen
-
-    async def update_weights(self, state_dict, version):
-        await self.engine.update_weights(state_dict, version)
-
-    @property
-    def version(self):
-        return self.engine.version
-
-    async def abort(self, request_id):
-        await self.engine.abort(request_id)
 
 
 class LoggedGateway(Gateway):
@@ -289,11 +251,11 @@ CLIS = {  # name: (dialect path, write config -> argv and env, parse the CLI's o
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gateway(vllm, tok):
-    eng = Recorded(vllm)
+    eng = RecordingEngine(vllm)
     # Claude Code's background calls name claude-* models; any other name is refused (404), as without a harness.
     cfg = GatewayConfig(port=0, api_key=KEY, model_aliases=["claude-*"], max_tokens=MAX_TOKENS)
     async with LoggedGateway(eng, tok, cfg, model_name="tiny") as gw:
-        gw.engine_record, gw.engine_version, gw.script = eng.record, vllm.version, eng.script
+        gw.recorder, gw.engine_version, gw.script = eng, vllm.version, eng.script
         yield gw
 
 
@@ -344,7 +306,7 @@ async def test_harness_cli_against_gateway(name, gateway, cli_env, tok):
     try:
         argv, extra = CLIS[name][1](f"http://127.0.0.1:{gw.port}/s/{name}", tmp / "home")
         rc, out, err = await sandboxed(argv, {**cli_env, **extra}, gw, tmp)
-        record = [(p, g) for p, g, s in gw.engine_record if s == name]
+        record = gw.recorder.for_session(name)
         capped = bool(record) and len(record[-1][1].token_ids) >= MAX_TOKENS  # the model did not stop by itself
         assert rc == 0 or (rc == 1 and capped and name in CAPPED and CAPPED[name] in out), \
             f"{name} exited {rc}; stdout: {out[-2000:]}\nstderr: {err[-3000:]}"
@@ -417,7 +379,7 @@ async def test_harness_cli_runs_a_tool_call_through_gateway(name, gateway, cli_e
     try:
         argv, extra = CLIS[name][1](f"http://127.0.0.1:{gw.port}/s/{sid}", tmp / "home")
         rc, out, err = await sandboxed(argv, {**cli_env, **extra}, gw, tmp)
-        record = [(p, g) for p, g, s in gw.engine_record if s == sid]
+        record = gw.recorder.for_session(sid)
         capped = bool(record) and len(record[-1][1].token_ids) >= MAX_TOKENS
         assert rc == 0 or (rc == 1 and capped and name in CAPPED and CAPPED[name] in out), \
             f"{name} exited {rc}; stdout: {out[-2000:]}\nstderr: {err[-3000:]}"

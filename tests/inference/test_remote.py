@@ -6,6 +6,7 @@ weight reload over HTTP. Plus unit tests of the stream handling against a small 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -257,68 +258,28 @@ def test_versions_from_spans():
         versions_from_spans([{"version": "step-a", "start": 0, "end": 1}], 1, default_version=0)
 
 
-async def test_stream_cut_before_final_chunk_returns_no_tokens():
-    """A stream that ends without its final chunk (no version spans) returns no tokens, so no token ever leaves
-    the client without the version the server gave it; a final chunk with spans returns them all."""
-    from aiohttp import web
+def _sse_chunk(tokens, final=False, version="4"):
+    """One chunk of vLLM's token-out SSE stream; the final one carries the finish reason and the version spans."""
+    choice = {"index": 0, "token_ids": tokens, "finish_reason": "length" if final else None,
+              "logprobs": {"content": [{"token_id": t, "logprob": -1.0} for t in tokens]},
+              "weight_versions": [{"version": version, "start": 0, "end": 3}] if final else None}
+    return ("data: " + json.dumps({"request_id": "srv-x", "choices": [choice]}) + "\n\n").encode()
 
-    def chunk(tokens, final=False):
-        choice = {"index": 0, "token_ids": tokens, "finish_reason": "length" if final else None,
-                  "logprobs": {"content": [{"token_id": t, "logprob": -1.0} for t in tokens]},
-                  "weight_versions": [{"version": "4", "start": 0, "end": 3}] if final else None}
-        return ("data: " + json.dumps({"request_id": "srv-x", "choices": [choice]}) + "\n\n").encode()
+
+@contextlib.asynccontextmanager
+async def _fake_server(first, rest):
+    """A stand-in for vLLM's ``/inference/v1/generate`` that writes ``first`` ids, then awaits ``rest(body)`` for
+    the rest of the stream (None: the stream is cut there); yields a RemoteEngine on it (no retries)."""
+    from aiohttp import web
 
     async def handler(request):
         body = await request.json()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await resp.write(chunk([11, 12]))
-        if body["request_id"] == "whole":
-            await resp.write(chunk([13], final=True))
-            await resp.write(b"data: [DONE]\n\n")
-        return resp  # "cut": the stream just ends
-
-    app = web.Application()
-    app.router.add_post("/inference/v1/generate", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    eng = RemoteEngine([f"http://127.0.0.1:{port}"])
-    try:
-        cut = await eng.generate([1, 2], SamplingParams(max_tokens=3), request_id="cut")
-        assert cut.finish_reason == "abort" and cut.token_ids == [] and cut.versions == []
-        whole = await eng.generate([1, 2], SamplingParams(max_tokens=3), request_id="whole")
-        assert whole.token_ids == [11, 12, 13] and whole.versions == [4, 4, 4] and whole.logprobs == [-1.0] * 3
-    finally:
-        await eng.close()
-        await runner.cleanup()
-
-
-async def test_streaming_tells_each_chunk_as_the_server_sends_it():
-    """``generate_streaming`` over SSE: the server holds its final chunk until the first ids were told (a client
-    that told only at the end would hang here, so the stream is live), what was told is the generation, and a
-    stream cut after ids were told is an error, not a silent empty generation."""
-    from aiohttp import web
-
-    told_first = asyncio.Event()
-
-    def chunk(tokens, final=False):
-        choice = {"index": 0, "token_ids": tokens, "finish_reason": "length" if final else None,
-                  "logprobs": {"content": [{"token_id": t, "logprob": -1.0} for t in tokens]},
-                  "weight_versions": [{"version": "2", "start": 0, "end": 3}] if final else None}
-        return ("data: " + json.dumps({"request_id": "srv-s", "choices": [choice]}) + "\n\n").encode()
-
-    async def handler(request):
-        body = await request.json()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(chunk([21, 22]))
-        if body["request_id"] == "live":
-            await asyncio.wait_for(told_first.wait(), 60)
-            await resp.write(chunk([23], final=True))
-            await resp.write(b"data: [DONE]\n\n")
+        await resp.write(_sse_chunk(first))
+        tail = await rest(body)
+        if tail is not None:
+            await resp.write(tail + b"data: [DONE]\n\n")
         return resp
 
     app = web.Application()
@@ -327,20 +288,48 @@ async def test_streaming_tells_each_chunk_as_the_server_sends_it():
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    eng = RemoteEngine([f"http://127.0.0.1:{port}"], max_retries=0)
+    eng = RemoteEngine([f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"], max_retries=0)
+    try:
+        yield eng
+    finally:
+        await eng.close()
+        await runner.cleanup()
+
+
+async def test_stream_cut_before_final_chunk_returns_no_tokens():
+    """A stream that ends without its final chunk (no version spans) returns no tokens, so no token ever leaves
+    the client without the version the server gave it; a final chunk with spans returns them all."""
+
+    async def rest(body):
+        return _sse_chunk([13], final=True) if body["request_id"] == "whole" else None
+
+    async with _fake_server([11, 12], rest) as eng:
+        cut = await eng.generate([1, 2], SamplingParams(max_tokens=3), request_id="cut")
+        assert cut.finish_reason == "abort" and cut.token_ids == [] and cut.versions == []
+        whole = await eng.generate([1, 2], SamplingParams(max_tokens=3), request_id="whole")
+        assert whole.token_ids == [11, 12, 13] and whole.versions == [4, 4, 4] and whole.logprobs == [-1.0] * 3
+
+
+async def test_streaming_tells_each_chunk_as_the_server_sends_it():
+    """``generate_streaming`` over SSE: the server holds its final chunk until the first ids were told (a client
+    that told only at the end would hang here, so the stream is live), what was told is the generation, and a
+    stream cut after ids were told is an error, not a silent empty generation."""
+    told_first = asyncio.Event()
     told: list[list[int]] = []
+
+    async def rest(body):
+        if body["request_id"] != "live":
+            return None
+        await asyncio.wait_for(told_first.wait(), 60)
+        return _sse_chunk([23], final=True, version="2")
 
     def on_tokens(ids):
         told.append(list(ids))
         told_first.set()
 
-    try:
+    async with _fake_server([21, 22], rest) as eng:
         gen = await asyncio.wait_for(eng.generate_streaming([1, 2], SamplingParams(max_tokens=3), request_id="live",
                                                             on_tokens=on_tokens), 60)
         assert told == [[21, 22], [23]] and gen.token_ids == [21, 22, 23] and gen.versions == [2, 2, 2]
         with pytest.raises(RemoteEngineError, match="cut after 2 streamed tokens"):
             await eng.generate_streaming([1, 2], SamplingParams(max_tokens=3), request_id="cut", on_tokens=told.append)
-    finally:
-        await eng.close()
-        await runner.cleanup()
