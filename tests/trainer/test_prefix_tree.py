@@ -226,3 +226,21 @@ def test_streamed_step_tree_equals_flat(tiny_model_dir: Path, case: str) -> None
     pf, pt = _params(flat), _params(tree)
     for k in pf:
         torch.testing.assert_close(pt[k], pf[k], atol=TOL, rtol=TOL)
+
+
+def test_lora_adapters_train_the_same_in_the_tree_layout(tiny_model_dir: Path) -> None:
+    """``configs/tooluse.yaml`` turns the tree on, and ``trainer.lora`` may be added to it: the adapters' update in
+    the tree layout equals the flat layout's (PEFT's wrapped attention sees the tree mask as the base would)."""
+    from agentrl.trainer.config import LoraConfig
+
+    groups = CASES[sorted(CASES)[0]](random.Random(4))
+    flat = Trainer(_cfg(False, lora=LoraConfig(rank=4, alpha=8.0)), tiny_model_dir)
+    tree = Trainer(_cfg(True, lora=LoraConfig(rank=4, alpha=8.0)), tiny_model_dir)
+    for _ in range(2):  # the first step moves B off zero; the second's gradients then reach A as well
+        mf, mt = flat.train_step(groups), tree.train_step(groups)
+    assert mt["batch/tree_tokens"] < mt["batch/flat_tokens"]
+    assert mt["loss"] == pytest.approx(mf["loss"], rel=TOL, abs=TOL)
+    pf, pt = _params(flat), _params(tree)
+    assert any("lora_" in k for k in pf)
+    for k in pf:
+        torch.testing.assert_close(pt[k], pf[k], atol=TOL, rtol=TOL)
