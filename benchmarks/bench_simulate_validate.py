@@ -25,7 +25,8 @@ Phases (each writes under ``--out``):
    simulated seconds per step against the real mean ``time/step_s``.
 
 The machine is shared: the load average is recorded at every phase; calibrate right before the real runs.
-Result on a quiet machine (RESULTS-simulate.md): every variant within 15 % (+13, -10, -14, -5 %).
+Result on a quiet machine (RESULTS-simulate.md): +13 / +16 % (sync), -10 / +2 %, -14 / -13 %, -5 / -3 % in two
+calibrations: sync at the 15 % edge.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ async def calibrate(model: str, reps: int, max_turns: int) -> dict:
     from agentrl.inference.base import SamplingParams
     from agentrl.inference.factory import make_engine
     from agentrl.trainer.dp_group import create_trainer, stop_trainer
+    from agentrl.simulate.models import TrainerModel
     from agentrl.trajectory import Group, Trajectory
 
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", [f"engine.model={model}"])
@@ -144,8 +146,7 @@ async def calibrate(model: str, reps: int, max_turns: int) -> dict:
         fit_rows = {}
         for name, ls in shapes.items():
             t = med([await step(groups(ls)) for _ in range(reps)])
-            srt = sorted(ls, reverse=True)
-            padded = sum(len(srt[i:i + mb]) * srt[i] for i in range(0, len(srt), mb))
+            padded = TrainerModel(micro_batch_size=mb).padded_tokens(ls)  # the simulator's own count
             fit_rows[name] = {"padded": padded, "real": sum(ls), "step_s": t}
         X = np.array([[1.0, r["padded"], r["real"]] for r in fit_rows.values()])
         y = np.array([r["step_s"] for r in fit_rows.values()])

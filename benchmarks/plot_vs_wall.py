@@ -16,6 +16,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vs_trl_common import success_at  # noqa: E402  (one step-function reading for both benchmarks)
+
 
 def run_points(run: Path) -> dict:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -30,10 +33,6 @@ def run_points(run: Path) -> dict:
     return {"points": pts, "rl_s": t, "step_s": mean("time/step_s"), "train_s": mean("train/perf/step_s"),
             "wait_rollout_s": mean("time/wait_rollout_s"), "sync_s": mean("weights/sync_s"),
             "sync_bytes": rows[-1].get("weights/bytes")}
-
-
-def success_at(points: list[tuple[float, float]], t: float) -> float:
-    return [v for tt, v in points if tt <= t + 1e-9][-1]
 
 
 def main(out: Path) -> int:
