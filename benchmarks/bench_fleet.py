@@ -15,8 +15,8 @@ sandbox's from asking the pool to holding it), then runs ``--steps`` commands (a
 from outside while its command runs; ``--oom-frac``: a command past the memory limit; ``--disk-frac``: one past the
 work dir's size) end those episodes as infrastructure failures with their cause, retried by the manager in fresh
 sandboxes (``--retries`` = ``infra_retries``). Reported: episodes completed / lost / run to the end twice (must be
-count / 0 / 0), failures per cause, env steps/s over the stepping phase vs the ideal (the cores divided by the CPU
-time of the step's own command, run on the host with the image's busybox), step latency percentiles, driver peak
+count / 0 / 0), failures per cause, env steps/s over the stepping phase vs the ideal (the cores divided by the mean
+CPU time of an episode's step commands, the loops and the ``echo``, run on the host with the image's busybox), step latency percentiles, driver peak
 RSS and per-episode driver memory, mean per-sandbox memory (its memory cgroup, sampled when the fleet is up), the
 driver's exit after the last result, and after the pool is closed the run's leftovers (containers, state dirs,
 cgroups: must be 0). ``--snapshot-iters``: p50 of a rebuild (fresh create + prepare) vs a snapshot restore of the
@@ -82,10 +82,11 @@ def leftovers(run: str) -> dict[str, int]:
     return out
 
 
-def step_cpu_s(image: str, loop: int, reps: int = 20) -> float:
-    """CPU seconds of the step's own command (the shell loop), run on the host by the image's busybox."""
+def step_cpu_s(image: str, loop: int, reps: int = 20, command: str | None = None) -> float:
+    """CPU seconds of a step's own command (the shell loop, or ``command``), run on the host by the image's
+    busybox."""
     sh = rootfs_path(image) / "bin" / "sh"
-    argv = [str(sh) if sh.exists() else "/bin/sh", "-c", STEP.format(n=loop, k=0)]
+    argv = [str(sh) if sh.exists() else "/bin/sh", "-c", command or STEP.format(n=loop, k=0)]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     for _ in range(reps):
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
@@ -132,7 +133,8 @@ async def fleet(args, spec: SandboxSpec) -> dict:
         return sb
 
     pool = SandboxPool(max_alive=args.count, create_rate=args.create_rate, create_burst=args.create_burst,
-                       max_warm=0, guard=HostGuard(overcommit=args.overcommit), factory=factory, run=RUN)
+                       max_warm=0, guard=HostGuard(overcommit=args.overcommit), factory=factory, run=RUN,
+                       max_running_execs=args.max_execs)
     n = args.count
     faults = faults_for(n, args)
     policy = FleetPolicy(made, steps=args.steps, loop=args.step_loop, barrier=n)
@@ -169,7 +171,10 @@ async def fleet(args, spec: SandboxSpec) -> dict:
     stepping_s = max(1e-9, t_last - t_up)
     sps = (met["env_steps"] - steps_at_up) / stepping_s
     cpu = step_cpu_s(args.image, args.step_loop)
-    ideal = (os.cpu_count() or 1) / cpu if cpu > 0 else None
+    # An episode steps ``--steps`` loops and one ``echo done``: the ideal is the cores over the mean CPU of its
+    # steps (counting only the loop's CPU per step overstated the ideal's complement 2x at --steps 1).
+    per_step = (args.steps * cpu + step_cpu_s(args.image, 0, command="echo done")) / (args.steps + 1)
+    ideal = (os.cpu_count() or 1) / per_step if per_step > 0 else None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out.update({
         "bring_up_s": round(t_up - t_start, 3), "alive_at_up": len(alive), "barrier_broken": policy.barrier_broken,
@@ -185,6 +190,8 @@ async def fleet(args, spec: SandboxSpec) -> dict:
         "failures": {k.split("/", 1)[1]: v for k, v in met.items() if k.startswith("failures/")},
         "failures_sample": sorted({(t.error or "")[:160] for t in failed})[:5],
         "warm_hits": pool.stats.warm_hits, "created": pool.stats.created, "stopped": pool.stats.stopped,
+        "max_running_execs": args.max_execs,
+        "peak_running_execs": pool.exec_gate.peak_running if pool.exec_gate is not None else None,
         "sandbox_mem_mean_mb": round(sum(mem) / len(mem) / 2**20, 2) if mem else None,
         "driver_peak_rss_mb": round(rss / 1024, 1),
         "driver_kb_per_episode": round((rss - rss0) / n, 1),
@@ -232,6 +239,8 @@ async def main() -> None:
     ap.add_argument("--oom-frac", type=float, default=0.0, help="share of episodes whose command passes the memory limit")
     ap.add_argument("--disk-frac", type=float, default=0.0, help="share of episodes whose command fills the work dir")
     ap.add_argument("--retries", type=int, default=3, help="infra_retries: fresh-sandbox retries after such a failure")
+    ap.add_argument("--max-execs", type=int, default=None,
+                    help="the pool's max_running_execs: commands running at once (others wait; default no limit)")
     ap.add_argument("--snapshot-iters", type=int, default=0)
     args = ap.parse_args()
     fr = (args.kill_frac, args.oom_frac, args.disk_frac)

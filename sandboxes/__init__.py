@@ -101,7 +101,7 @@ from .docker import DockerSandbox, docker_available
 from .factory import create_sandbox
 from .faults import check_limits, infra_error
 from .guards import HostCapacityError, HostGuard, HostLimits
-from .pool import SandboxPool, TokenBucket
+from .pool import ExecGate, SandboxPool, TokenBucket
 from .snapshot import Snapshot, restore_snapshot, take_snapshot
 from .sweep import SweepReport, sweep
 
@@ -109,6 +109,7 @@ __all__ = [
     "SANDBOX_FAILURE_CAUSES",
     "BwrapSandbox",
     "DockerSandbox",
+    "ExecGate",
     "ExecResult",
     "FileTooLarge",
     "HostCapacityError",

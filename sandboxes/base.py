@@ -12,6 +12,7 @@ wrappers.WATCHDOG_WRAPPER is the weaker fallback for a docker engine whose cgrou
 from __future__ import annotations
 
 import abc
+import contextlib
 import io
 import json
 import os
@@ -21,13 +22,16 @@ import tarfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 # The process-wide parts, re-exported: backends and tools import them from here.
 from .lifecycle import (LABEL_DRIVER, LABEL_EXPIRES, LABEL_RUN, LABEL_SANDBOX, cleanup_all, default_run_id,  # noqa: F401
                         driver_tag, install_exit_hooks, register_live, run_id, state_root, to_thread,
                         unregister_live)
 from .wrappers import WIPE_SCRIPT
+
+if TYPE_CHECKING:
+    from .pool import ExecGate
 
 BACKENDS = ("docker", "bwrap")
 DEFAULT_USER = (1000, 1000)
@@ -277,6 +281,8 @@ class Sandbox(abc.ABC):
         self.started_at: float | None = None
         self.expires_at: float | None = None
         self._stopped = False
+        # Set by a pool with ``max_running_execs``: commands wait here for a slot before they start.
+        self.exec_gate: ExecGate | None = None
 
     # lifecycle ----------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -323,7 +329,11 @@ class Sandbox(abc.ABC):
     ) -> ExecResult:
         """Run ``cmd`` (shell string or argv) in ``cwd`` (default: the work dir) as the spec's user. When it returns,
         or ``timeout`` seconds after it started, the host kills its whole process tree (see the module docstring).
-        Returns ExecResult; raises SandboxError if the sandbox is dead."""
+        With an ``exec_gate`` (a pool's ``max_running_execs``) the command first waits for a slot, and ``timeout``
+        counts from when it starts. Returns ExecResult; raises SandboxError if the sandbox is dead."""
+
+    def _exec_slot(self) -> contextlib.AbstractAsyncContextManager:
+        return self.exec_gate.slot() if self.exec_gate is not None else contextlib.nullcontext()
 
     @abc.abstractmethod
     async def _plain(

@@ -438,12 +438,13 @@ class BwrapSandbox(Sandbox):
     ) -> ExecResult:
         self._check_alive()
         check_timeout(timeout)
-        t0 = time.monotonic()
         out = OutputCap(output_limit or self.spec.output_limit)
         memcg = self.cgroup.dirs[0] if self.cgroup is not None else None  # v1: memory is the first controller
         ooms = oom_kills(memcg)
-        code, _, timed_out = await self._run(command_string(cmd), plain=False, timeout=timeout, sink=out.feed,
-                                             cwd=self._abs(cwd) if cwd else None, env=env)
+        async with self._exec_slot():
+            t0 = time.monotonic()
+            code, _, timed_out = await self._run(command_string(cmd), plain=False, timeout=timeout, sink=out.feed,
+                                                 cwd=self._abs(cwd) if cwd else None, env=env)
         after = oom_kills(memcg)
         return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,
                           duration=time.monotonic() - t0, oom_killed=ooms is not None and (after or 0) > ooms,

@@ -451,7 +451,8 @@ class DockerSandbox(Sandbox):
         self._check_alive()
         check_timeout(timeout)
         text = cmd if isinstance(cmd, str) else shlex.join([str(c) for c in cmd])
-        return await to_thread(self._exec_sync, text, timeout, cwd, env, output_limit or self.spec.output_limit)
+        async with self._exec_slot():
+            return await to_thread(self._exec_sync, text, timeout, cwd, env, output_limit or self.spec.output_limit)
 
     def _exec_sync(self, cmd, timeout, cwd, env, limit) -> ExecResult:
         t0 = time.monotonic()

@@ -47,6 +47,37 @@ class TokenBucket:
                 await asyncio.sleep((1 - self.tokens) / self.rate)
 
 
+class ExecGate:
+    """At most ``slots`` commands running at once across the sandboxes that share it; the others wait in FIFO order.
+
+    Why: a fleet whose steps are CPU-bound overcommits the host (1,024 sandboxes each running a 0.1 s-CPU command
+    on 2 cores take ~50 s of wall time each), so commands run past their wall-clock timeouts, are killed and
+    retried, and the work is done twice. Waiting for a slot is backpressure: a command's timeout then measures its
+    own running time. ``running``/``waiting``/``peak_running`` are for stats and tests."""
+
+    def __init__(self, slots: int):
+        if not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"max_running_execs must be an int >= 1, got {slots!r}")
+        self.slots = slots
+        self._sem = asyncio.Semaphore(slots)
+        self.running = self.waiting = self.peak_running = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        self.peak_running = max(self.peak_running, self.running)
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self._sem.release()
+
+
 @dataclass
 class PoolStats:
     created: int = 0
@@ -83,23 +114,15 @@ class SandboxPool:
     keep_warm(spec, n): keep ``n`` fresh (never used) sandboxes of ``spec`` ready; ``acquire(spec)`` takes one
         and a background task makes its replacement, through the same token bucket.
     guard: HostGuard charging every live sandbox against the host's memory, PIDs and file descriptors.
+    max_running_execs: commands running at once in this pool's sandboxes (:class:`ExecGate`; None: no limit, right
+        for steps that mostly wait); a few per core for CPU-bound steps on a fleet larger than the host.
     Start: the first acquire/prewarm of each backend sweeps that backend's orphans in the background (``swept()``
     awaits those sweeps and returns what they removed).
     """
 
-    def __init__(
-        self,
-        *,
-        max_alive: int = 64,
-        create_rate: float = 20.0,
-        create_burst: int = 4,
-        retries: int = 3,
-        backoff_s: float = 0.5,
-        max_warm: int = 8,
-        run: str | None = None,
-        factory: Factory | None = None,
-        guard: HostGuard | None = None,
-    ):
+    def __init__(self, *, max_alive: int = 64, create_rate: float = 20.0, create_burst: int = 4, retries: int = 3,
+                 backoff_s: float = 0.5, max_warm: int = 8, run: str | None = None, factory: Factory | None = None,
+                 guard: HostGuard | None = None, max_running_execs: int | None = None):
         if max_alive < 1:
             raise ValueError(f"SandboxPool.max_alive must be >= 1, got {max_alive}")
         self.max_alive = max_alive
@@ -108,6 +131,7 @@ class SandboxPool:
         self.max_warm = max_warm
         self.run = run
         self._sem = asyncio.Semaphore(max_alive)
+        self.exec_gate = None if max_running_execs is None else ExecGate(max_running_execs)
         self._bucket = TokenBucket(create_rate, create_burst)
         self._warm: dict[str, list[Sandbox]] = defaultdict(list)
         self._factory = factory
@@ -162,6 +186,7 @@ class SandboxPool:
                 else:
                     sb = await create_sandbox(spec, run=self.run).start()
                 self.stats.created += 1
+                sb.exec_gate = self.exec_gate
                 return sb
             except BaseException as e:
                 self.guard.release(spec)

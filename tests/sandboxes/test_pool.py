@@ -124,3 +124,41 @@ async def test_pool_releases_on_cancel(busybox_spec):
     async with pool.acquire(busybox_spec) as sb:  # the slot is free again
         assert (await sb.exec("true", timeout=10)).ok
     await pool.close()
+
+
+async def test_max_running_execs_queues_commands_and_times_them_from_their_start(busybox_spec):
+    # One slot: a command held in sandbox A keeps B's command waiting for longer than B's own timeout; B then runs
+    # whole once A's ends. Without the gate, both run at once (an overcommitted fleet's commands time out instead).
+    pool = SandboxPool(max_alive=2, create_rate=50, create_burst=10, max_running_execs=1)
+    async with pool.acquire(busybox_spec) as a, pool.acquire(busybox_spec) as b:
+        held = asyncio.create_task(a.exec("touch started; while [ ! -e go ]; do sleep 0.05; done; echo A", timeout=60))
+        while True:  # until A's command runs (it holds the slot)
+            if await _exists(a, "started"):
+                break
+            await asyncio.sleep(0.05)
+        queued = asyncio.create_task(b.exec("echo B", timeout=1.0))
+        while pool.exec_gate.waiting < 1:
+            await asyncio.sleep(0.01)
+        assert pool.exec_gate.running == 1 and not queued.done()
+        await asyncio.sleep(1.5)  # longer than B's timeout, all of it spent waiting for the slot
+        assert not queued.done()
+        await a.write_file("go", "")  # file transfers do not take a slot
+        ra, rb = await asyncio.gather(held, queued)
+    await pool.close()
+    assert (ra.output.strip(), ra.timed_out) == ("A", False)
+    assert (rb.output.strip(), rb.timed_out, rb.exit_code) == ("B", False, 0)
+    assert rb.duration < 1.0  # its time counts from its start, not from the call
+    assert pool.exec_gate.peak_running == 1 and pool.exec_gate.running == 0 and pool.exec_gate.waiting == 0
+
+
+async def _exists(sb, path: str) -> bool:
+    try:
+        await sb.read_file(path)
+        return True
+    except (FileNotFoundError, SandboxError):
+        return False
+
+
+def test_max_running_execs_must_be_a_positive_int():
+    with pytest.raises(ValueError, match="max_running_execs"):
+        SandboxPool(max_running_execs=0)
