@@ -15,7 +15,7 @@ as the simple agent writes it); the answer is ``BaseVerifyResponse``'s fields (t
 ``mask_sample``, ``failure_kind``, ``failure_reason``).
 
 Faults for the tests, chosen by a row field ``standin_fault`` (which ``/seed_session`` and ``/verify`` receive):
-``hang_tool`` (tool calls sleep 600 s), ``garbage_verify`` (``/verify`` answers HTML), ``no_reward`` (``/verify``
+``hang_tool`` (tool calls sleep 600 s), ``huge_tool`` (tool calls answer 5 MiB), ``garbage_verify`` (``/verify`` answers HTML), ``no_reward`` (``/verify``
 answers an object without ``reward``), ``mask`` (``/verify`` sets ``mask_sample``).
 
 Usage: python nemo_gym_tools_standin.py PORT
@@ -159,6 +159,17 @@ async def seed_session(request: Request, body: StatefulCounterSeedSessionRequest
 async def _tool_fault(request: Request) -> None:
     if FAULTS.get(_sid(request)) == "hang_tool":
         await asyncio.sleep(600)
+    if FAULTS.get(_sid(request)) == "huge_tool":
+        raise HugeReply
+
+
+class HugeReply(Exception):
+    pass
+
+
+@app.exception_handler(HugeReply)
+async def huge_reply(request: Request, exc: HugeReply):
+    return JSONResponse({"count": 0, "padding": "x" * (5 << 20)})
 
 
 @app.post("/increment_counter")

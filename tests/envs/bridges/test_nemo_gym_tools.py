@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -234,7 +235,8 @@ async def test_a_server_killed_mid_episode_through_the_manager(server, rows):
 def test_hangs_garbage_and_masked_verdicts_become_clear_errors(server, tmp_path):
     _, url = server
     faults = _write(tmp_path / "faults.jsonl", [_row(0, 1, 1, 2, standin_fault=f)
-                                                for f in ("hang_tool", "garbage_verify", "no_reward", "mask")]
+                                                for f in ("hang_tool", "garbage_verify", "no_reward", "mask",
+                                                          "huge_tool")]
                     + [_row(0, 1, 1, 2) | {"initial_count": "lots"}])
     env = NeMoGymToolsEnv(url, faults, call_timeout_s=2)
     env.reset(seed=0)
@@ -248,8 +250,34 @@ def test_hangs_garbage_and_masked_verdicts_become_clear_errors(server, tmp_path)
         env.reset(seed=seed)
         with pytest.raises(NeMoGymError, match=match):
             env.step("Done.")
+    env.reset(seed=4)
+    with pytest.raises(NeMoGymError, match=r"POST /get_counter_value answered more than 4194304 bytes"):
+        env.step(format_tool_call("get_counter_value", {}))
     with pytest.raises(NeMoGymError, match=r"POST /seed_session answered HTTP 422: .*initial_count"):
-        env.reset(seed=4)
+        env.reset(seed=5)
+
+
+def test_a_server_that_does_not_speak_http_fails_reset(rows):
+    """A listener that answers bytes that are not HTTP, then hangs up: a clear error, not a hang."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def answer_garbage():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    try:
+        env = NeMoGymToolsEnv(f"http://127.0.0.1:{listener.getsockname()[1]}", rows, call_timeout_s=5)
+        with pytest.raises(NeMoGymError, match="POST /seed_session failed: BadStatusLine"):
+            env.reset(seed=0)
+    finally:
+        thread.join(10)
+        listener.close()
 
 
 def test_bad_rows_and_kwargs_are_refused_by_name(tmp_path, rows):
@@ -278,3 +306,31 @@ def test_envs_check_passes_with_kwargs(server, rows, capsys):
     _, url = server
     assert main(["envs", "check", TOOLS_ID, f"url={url}", f"tasks={rows}"]) == 0
     assert f"PASS  {TOOLS_ID}" in capsys.readouterr().out
+
+
+async def test_the_rows_tools_reach_the_models_chat_template(server, rows):
+    """reset's info["tools"] is what the manager hands the policy (meta.tools): rendered with Qwen3's real template,
+    the prompt lists the row's tools in the model's own tool format."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "chat"))
+    try:
+        from chat_tokenizers import qwen_tokenizer, template
+    finally:
+        sys.path.pop(0)
+    from agentrl.chat.renderer import ChatRenderer
+
+    _, url = server
+    renderer = ChatRenderer(qwen_tokenizer(template("qwen3.jinja")))
+    prompts: list[str] = []
+
+    def act(conversation, meta):
+        if not prompts:
+            prompts.append(renderer.render(conversation, add_generation_prompt=True, tools=meta.tools))
+        return _counter_agent(conversation, meta)
+
+    async with EnvManager(ManagerConfig(), ScriptedPolicy(act)) as m:
+        (t,) = await m.run_episodes([EpisodeSpec(TOOLS_ID, {"url": url, "tasks": rows}, seed=0)])
+    assert t.error is None and t.reward == 1.0
+    tools_block = prompts[0].split("<tools>\n")[1].split("\n</tools>")[0]
+    listed = [json.loads(line)["function"]["name"] for line in tools_block.strip().splitlines()]
+    assert listed == ["increment_counter", "get_counter_value"]
+    assert prompts[0].index("Use the counter tools.") < prompts[0].index("add 1 then add 2")
