@@ -1,7 +1,7 @@
 """``nemo_gym/Tools-v0`` against a stand-in NeMo Gym tool + ``/verify`` server (``nemo_gym_tools_standin.py``, which
 mirrors the wheel's ``example_session_state_mgmt`` server; nemo-gym itself needs Python >= 3.13.14, which this
 machine has not), started for real on loopback: a full episode, the Responses transcript ``/verify`` validates, the
-session cookie, 48 episodes at once through the manager, bad tool calls, the step bound, a server killed
+session cookie, 64 episodes at once through the manager, bad tool calls, the step bound, a server killed
 mid-episode, a hang, garbage and masked verdicts, bad rows, and ``agentrl envs check``."""
 
 from __future__ import annotations
@@ -148,14 +148,14 @@ def test_each_episode_is_its_own_session(server, rows):
     assert a.step(format_tool_call("get_counter_value", {}))[0][0]["content"] == '{"count":103}'
 
 
-async def test_48_episodes_at_once_through_the_manager_are_reproducible(server, rows):
+async def test_64_episodes_at_once_through_the_manager_are_reproducible(server, rows):
     _, url = server
-    specs = [EpisodeSpec(TOOLS_ID, {"url": url, "tasks": rows}, seed=s) for s in range(48)]
-    async with EnvManager(ManagerConfig(max_concurrency=48), ScriptedPolicy(_counter_agent)) as m:
+    specs = [EpisodeSpec(TOOLS_ID, {"url": url, "tasks": rows}, seed=s) for s in range(64)]
+    async with EnvManager(ManagerConfig(max_concurrency=64), ScriptedPolicy(_counter_agent)) as m:
         first = await m.run_episodes(specs)
         again = await m.run_episodes(specs[:12])
-    assert [t.error for t in first + again] == [None] * 60
-    assert [t.reward for t in first] == [0.0 if s % len(ROWS) == 5 else 1.0 for s in range(48)]
+    assert [t.error for t in first + again] == [None] * 76
+    assert [t.reward for t in first] == [0.0 if s % len(ROWS) == 5 else 1.0 for s in range(64)]
     assert all(t.termination == "terminated" and t.num_turns == 3 for t in first + again)
     assert [t.messages for t in first[:12]] == [t.messages for t in again]  # same seed, same episode
 
