@@ -9,6 +9,7 @@ id                           what                                           extr
 ``mcp/Tools-v0``             the tools of any MCP server, tasks from JSONL  ``agentrl[mcp]``
 ``openenv/Client-v0``        a remote OpenEnv server (``url=``), over /ws   ``agentrl[openenv]``
 ``nemo_gym/Gymnasium-v0``    a NeMo Gym /reset + /step server (``url=``)    none (stdlib HTTP)
+``nemo_gym/Tools-v0``        a NeMo Gym tool + /verify server (``url=``)    none (stdlib HTTP)
 ``gem/<env id>``             a GEM env, in GEM's own venv (out of process)  its venv: see gem_env
 ``outproc/Env-v0``           any env made by ``factory=`` in another Python none (its own venv)
 ============================ ============================================== =========================
@@ -51,6 +52,10 @@ _IDS = {
     "nemo_gym/Gymnasium-v0": dict(entry_point="agentrl.envs.bridges.nemo_gym_client:NeMoGymEnv", max_episode_steps=64,
                                   description="A NeMo Gym Gymnasium-style resources server, /reset + /step with its "
                                               "session cookie (kwargs url=, tasks=rows.jsonl)"),
+    # no max_episode_steps: the env's own max_steps ends an episode through /verify, as NeMo Gym's agent does
+    "nemo_gym/Tools-v0": dict(entry_point="agentrl.envs.bridges.nemo_gym_tools:NeMoGymToolsEnv",
+                              description="A NeMo Gym tool + /verify resources server: the row's tools run on the "
+                                          "server, /verify gives the reward (kwargs url=, tasks=rows.jsonl)"),
     "outproc/Env-v0": dict(entry_point="agentrl.envs.bridges.outproc_env:HostedEnv",
                            description="An env run by another Python (own venv, own pins) behind a stdin/stdout "
                                        "host (kwargs python=, factory=module:callable, kwargs=)"),

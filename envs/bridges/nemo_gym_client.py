@@ -22,11 +22,14 @@ Invariants: every request is bounded (``call_timeout_s``); a refused connection,
 :class:`NeMoGymError` naming the server, the endpoint and what came back: a failed episode, never a hung manager.
 ``task_key(seed)`` is the rows file's name and the row's hash (no server needed). Whether a seed reproduces an
 episode is the server's business: NeMo Gym's reset gets no seed (its blackjack deals from an unseeded ``Random``).
+The HTTP calls (:func:`post`, :func:`post_json`) and the row helpers are shared with the env of NeMo Gym's tool +
+``/verify`` servers, :mod:`agentrl.envs.bridges.nemo_gym_tools`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import http.cookiejar
 import json
 import math
@@ -43,6 +46,63 @@ from agentrl.core import Env, Message, StepResult
 
 class NeMoGymError(RuntimeError):
     """The NeMo Gym server failed: unreachable, too slow, an HTTP error, or a reply outside the protocol."""
+
+
+#: The most bytes read from one reply: a server streaming without end fails the call instead of filling memory.
+MAX_REPLY_BYTES = 4 << 20
+
+
+def row_key(tasks_path: Path, row: dict[str, Any]) -> str:
+    """A task row's content identity: the rows file's name and the row's hash (``task_key``; no server needed)."""
+    return f"nemo_gym/{tasks_path.stem}:{hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()[:16]}"
+
+
+def check_endpoint(who: str, url: Any, call_timeout_s: Any) -> tuple[str, float]:
+    """``url`` (http(s)://HOST:PORT, no trailing slash) and ``call_timeout_s`` (in (0, 3600]) checked for ``who``."""
+    parsed = urlparse(str(url))
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"{who}: url must look like http://HOST:PORT, got {url!r}")
+    if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, (int, float)) or not 0 < call_timeout_s <= 3600:
+        raise ValueError(f"{who}: call_timeout_s must be in (0, 3600] seconds, got {call_timeout_s!r}")
+    return str(url).rstrip("/"), float(call_timeout_s)
+
+
+def post(opener: urllib.request.OpenerDirector, url: str, path: str, body: Any, timeout_s: float) -> tuple[int, bytes]:
+    """POSTs ``body`` as JSON; returns ``(HTTP status, reply bytes)`` for any answer, error statuses included.
+    Raises :class:`NeMoGymError` when no answer comes (refused, reset, timed out) or it exceeds
+    :data:`MAX_REPLY_BYTES`."""
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        try:
+            resp = opener.open(req, timeout=timeout_s)
+        except urllib.error.HTTPError as e:  # an answer all the same: the caller decides what a status means
+            resp = e
+        with resp:
+            status, raw = resp.getcode(), resp.read(MAX_REPLY_BYTES + 1)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # HTTPException: a cut or non-HTTP reply
+        reason = getattr(e, "reason", e)
+        raise NeMoGymError(f"NeMo Gym server {url}: POST {path} failed: {type(reason).__name__}: {reason}") from None
+    if len(raw) > MAX_REPLY_BYTES:
+        raise NeMoGymError(f"NeMo Gym server {url}: POST {path} answered more than {MAX_REPLY_BYTES} bytes")
+    return status, raw
+
+
+def post_json(opener: urllib.request.OpenerDirector, url: str, path: str, body: Any, timeout_s: float) -> dict[str, Any]:
+    """:func:`post` for an endpoint that must answer a JSON object with a success status (NeMo Gym's own agents
+    ``raise_for_status`` on these); anything else raises :class:`NeMoGymError` naming what came back."""
+    status, raw = post(opener, url, path, body, timeout_s)
+    if status >= 400:
+        detail = raw[:300].decode(errors="replace")
+        raise NeMoGymError(f"NeMo Gym server {url}: POST {path} answered HTTP {status}: {detail}")
+    try:
+        reply = json.loads(raw)
+    except ValueError:
+        raise NeMoGymError(f"NeMo Gym server {url}: POST {path} answered with something that is not JSON: "
+                           f"{raw[:80]!r}") from None
+    if not isinstance(reply, dict):
+        raise NeMoGymError(f"NeMo Gym server {url}: POST {path} answered {str(reply)[:80]!r}, not an object")
+    return reply
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -65,7 +125,9 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _input_messages(value: str | list[Any]) -> list[Message]:
+def input_messages(value: str | list[Any]) -> list[Message]:
+    """A row's ``responses_create_params.input`` as chat messages: a string is one user message; of a list, the
+    messages with text (``developer`` read as ``system``); other items (earlier calls and their outputs) are left out."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     out: list[Message] = []
@@ -73,8 +135,10 @@ def _input_messages(value: str | list[Any]) -> list[Message]:
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):  # Responses-API content parts: keep the text ones
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        if isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(content, str):
-            out.append({"role": m["role"], "content": content})
+        role = m.get("role") if isinstance(m, dict) else None
+        if role in ("system", "developer", "user", "assistant") and isinstance(content, str):
+            # the Responses API's "developer" is the system prompt of a chat template
+            out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
 
 
@@ -96,45 +160,20 @@ class NeMoGymEnv(Env):
 
     def __init__(self, url: str, tasks: str, call_timeout_s: float = 60.0):
         super().__init__()
-        parsed = urlparse(str(url))
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValueError(f"NeMoGymEnv: url must look like http://HOST:PORT, got {url!r}")
-        if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, (int, float)) or not 0 < call_timeout_s <= 3600:
-            raise ValueError(f"NeMoGymEnv: call_timeout_s must be in (0, 3600] seconds, got {call_timeout_s!r}")
-        self.url = str(url).rstrip("/")
+        self.url, self.call_timeout_s = check_endpoint("NeMoGymEnv", url, call_timeout_s)
         self.tasks_path = Path(tasks)
         self.rows = load_rows(self.tasks_path)
-        self.call_timeout_s = float(call_timeout_s)
         self._opener: urllib.request.OpenerDirector | None = None
         self.row: dict[str, Any] = self.rows[0]
         self.explicit_close = False
         self.current_key = ""
 
     def task_key(self, seed: int) -> str:
-        row = self.rows[seed % len(self.rows)]
-        return f"nemo_gym/{self.tasks_path.stem}:{hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()[:16]}"
+        return row_key(self.tasks_path, self.rows[seed % len(self.rows)])
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         assert self._opener is not None
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with self._opener.open(req, timeout=self.call_timeout_s) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:300].decode(errors="replace")
-            raise NeMoGymError(f"NeMo Gym server {self.url}: POST {path} answered HTTP {e.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise NeMoGymError(f"NeMo Gym server {self.url}: POST {path} failed: {type(reason).__name__}: {reason}") from None
-        try:
-            reply = json.loads(raw)
-        except ValueError:
-            raise NeMoGymError(f"NeMo Gym server {self.url}: POST {path} answered with something that is not JSON: "
-                               f"{raw[:80]!r}") from None
-        if not isinstance(reply, dict):
-            raise NeMoGymError(f"NeMo Gym server {self.url}: POST {path} answered {str(reply)[:80]!r}, not an object")
-        return reply
+        return post_json(self._opener, self.url, path, body, self.call_timeout_s)
 
     @staticmethod
     def _observation(reply: dict[str, Any], where: str) -> str | None:
@@ -153,7 +192,7 @@ class NeMoGymEnv(Env):
         obs_text = self._observation(reply, f"NeMo Gym server {self.url}: /reset")
         info = reply.get("info") if isinstance(reply.get("info"), dict) else {}
         self.explicit_close = info.get("supports_explicit_close") is True
-        obs = _input_messages(self.row["responses_create_params"]["input"])
+        obs = input_messages(self.row["responses_create_params"]["input"])
         if obs_text:
             obs.append({"role": "user", "content": obs_text})
         self.current_key = self.task_key(index)
