@@ -25,7 +25,7 @@ Phases (each writes under ``--out``):
    simulated seconds per step against the real mean ``time/step_s``.
 
 The machine is shared: the load average is recorded at every phase; calibrate right before the real runs.
-Results (RESULTS-simulate.md), sync / alpha2 / stream / tail, 14 steps per variant: +2 / -11 / -21 / +10 %: the
+Results (RESULTS-simulate.md), sync / alpha2 / stream / tail, 14 steps per variant: +2 / +8 / -21 / +10 %: the
 streamed variant is underpredicted in every calibration.
 """
 

@@ -88,6 +88,7 @@ class SimEngine:
         self.replicas = [_Replica(model.max_num_seqs) for _ in range(model.replicas)]
         self.training = False  # set by a trainer that shares the engine's devices
         self.requests = 0
+        self.episodes = 0  # policy sessions open (episodes in flight), counted by SimPolicy
         self._pauses = 0
         self._resumed = asyncio.Event()
         self._resumed.set()

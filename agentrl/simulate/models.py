@@ -43,7 +43,8 @@ class TrainerModel:
     ``flops_per_token`` (6 x parameters for forward + backward; 8 x with the proximal recompute's extra forward),
     ``peak_flops`` per GPU (dense bf16), ``mfu``, ``gpus`` (data-parallel ranks), a fixed ``step_overhead_s``
     (optimizer step, gathering weights for the engine). ``slowdown_while_generating``: the step costs that many times
-    more while the engine decodes on the same devices (shared CPU cores); ``exclusive``: the engine is paused during
+    more while a rollout is in flight on the same devices (shared CPU cores: the engine, and the driver's agent loops
+    between its requests, which the CPU validation found to slow a streamed step as much); ``exclusive``: the engine is paused during
     a step instead (co-located on the same GPUs).
 
     Layout: with ``micro_batch_size`` 0 (packed or tree layouts; the GPU presets) every token of a step costs
@@ -133,9 +134,10 @@ class SimTrainer:
         try:
             if eng is None or m.slowdown_while_generating == 1 or m.exclusive:
                 await asyncio.sleep(dt)
-            else:  # in tenths, each slowed if the engine is decoding when it starts
+            else:  # in tenths, each slowed if a rollout is in flight when it starts
                 for _ in range(10):
-                    await asyncio.sleep(dt / 10 * (m.slowdown_while_generating if eng.running else 1.0))
+                    busy = eng.running or eng.episodes
+                    await asyncio.sleep(dt / 10 * (m.slowdown_while_generating if busy else 1.0))
         finally:
             if eng is not None:
                 eng.training = False
@@ -388,6 +390,13 @@ class _SimSession(PolicySession):
         self.cached = 0  # context tokens already in the engine's prefix cache
         self.turn = 0
         self.max_new_tokens: int | None = None  # set by tail batching's budget wrapper
+        self.open = True
+        policy.engine.episodes += 1
+
+    async def aclose(self) -> None:
+        if self.open:
+            self.open = False
+            self.p.engine.episodes -= 1
 
     async def act(self, new_messages: list[Any]) -> Action:
         m = self.p.model
