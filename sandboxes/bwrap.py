@@ -4,7 +4,8 @@ Design: one bwrap process per exec, all execs of a sandbox sharing its state: a 
 ``spec.workdir``, a host dir bound at /tmp, and one cgroup that holds every process of the sandbox. So a sandbox is
 "alive" between execs without any process, and a command's process tree dies with its bwrap (``--unshare-pid``: when
 the namespace's init goes, the kernel kills everything in it; ``--die-with-parent``: when bwrap goes, its sandbox
-goes). The host enforces the timeout: at the deadline it kills bwrap, which takes the whole PID namespace with it;
+goes). The exec wrapper itself is the namespace's init (``--as-pid-1``): bwrap's own reaper init would be orphaned to
+the host's PID 1 at every exec and, where that init reaps lazily, stay charged to the sandbox's pids cgroup. The host enforces the timeout: at the deadline it kills bwrap, which takes the whole PID namespace with it;
 nothing inside can stop that.
 
 Isolation per exec: ``--unshare-all`` with a user namespace in which no further one can be made
@@ -283,7 +284,11 @@ class BwrapSandbox(Sandbox):
         bw = ["--unshare-all", *userns_flags()]
         if spec.network:
             bw.append("--share-net")
-        bw += ["--die-with-parent", "--new-session", "--uid", str(uid), "--gid", str(gid), "--hostname", "sandbox"]
+        # --as-pid-1: no bwrap reaper as the namespace's init. That reaper outlives the outer bwrap by a moment and is
+        # then reparented to the host's PID 1; where PID 1 reaps lazily (a container's init, a VM agent) it stays a
+        # zombie charged to the sandbox's pids cgroup: one per exec, until a pid-limited sandbox cannot fork.
+        bw += ["--die-with-parent", "--new-session", "--as-pid-1", "--uid", str(uid), "--gid", str(gid),
+               "--hostname", "sandbox"]
         bw += self._root_args
         bw += ["--proc", "/proc", "--dev", "/dev"]
         bw += ["--bind", str(self.state_dir / "work"), spec.workdir, "--bind", str(self.state_dir / "tmp"), "/tmp"]

@@ -201,7 +201,11 @@ async def test_bwrap_secrets_stay_off_command_lines_and_host_env_stays_out():
         assert not seen, f"the secret is on the command line of host processes {seen}"
         inside = (await sb.exec("tr '\\0' '\\n' </proc/1/environ; echo ---; tr '\\0' ' ' </proc/1/cmdline", timeout=20))
         host_path = os.environ.get("PATH", "")
-        assert token not in inside.output
+        # PID 1 is the exec's own wrapper (bwrap --as-pid-1): its environment is exactly the sandbox's, which the
+        # command sees anyway; nothing of the host's or of another exec's (EXEC_TOKEN went to the first exec only).
+        env_keys = {line.split("=", 1)[0] for line in inside.output.split("---")[0].split()}
+        assert env_keys == {"PATH", "HOME", "LANG", "API_TOKEN", "PWD"}, inside.output
+        assert token + "-exec" not in inside.output
         assert host_path not in inside.output and "AGENTRL" not in inside.output, inside.output
         assert f"PWD={os.getcwd()}" not in inside.output and os.getcwd() not in inside.output.split("---")[0]
 

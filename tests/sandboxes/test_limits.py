@@ -110,6 +110,17 @@ async def test_fork_bomb_is_stopped_by_pid_limit(busybox_spec):
         assert int(after.output.split()[1]) < 10, after.output  # the bomb is gone
 
 
+async def test_a_pid_limited_sandbox_runs_more_execs_than_its_pid_limit(busybox_spec):
+    # Each bwrap exec used to leave its namespace's reaper process to the host's PID 1; where that init reaps
+    # lazily (this VM's agent, a container's init) the zombie stayed charged to the sandbox's pids cgroup, and a
+    # sandbox with pids=16 could no longer fork after ~16 execs ("Can't fork for pid 1").
+    spec = replace(busybox_spec, pids=16)
+    async with create_sandbox(spec) as sb:
+        for i in range(3 * spec.pids):
+            res = await sb.exec("echo $((1 + 1))", timeout=30)
+            assert res.ok and res.output == "2\n", (i, res.output)
+
+
 async def test_memory_hog_is_stopped_by_memory_limit(base_spec):
     spec = replace(base_spec, memory_mb=128)
     async with create_sandbox(spec) as sb:
