@@ -15,6 +15,10 @@ wall time of the side), the ratio to the engine, and the time to first token (TT
 delta received; engine: -> first ``on_tokens``) as median and p90. Sides alternate ``--repeats`` times after a
 warm-up; medians over repeats. The load average before and after is printed (the machine is shared).
 
+The same dialects against agentrl's native agent loop on the same episodes, with each dialect's official client,
+streamed and not: ``benchmarks/bench_gateway.py --sides all`` (this script measures the gateway against the engine
+it serves; that one against the training loop it stands in for).
+
 Run::
 
     .venv/bin/python benchmarks/bench_dialects.py                        # 8 clients x 4 requests x 64 tokens, 3 repeats
@@ -26,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -34,44 +37,14 @@ from typing import Any
 
 import aiohttp
 
+from bench_gateway import exact_length, loadavg  # this directory is on sys.path when a script here runs
+
 MESSAGES = [{"role": "system", "content": "You are a storyteller."},
             {"role": "user", "content": "Tell me a story about a lighthouse keeper."}]
 SIDES = ("engine", "chat", "messages", "responses")
 # chat: content or reasoning_content (the tiny model's family may open with reasoning), the opening empty one aside
 TEXT_EVENTS = {"chat": b'content": "', "messages": b'"type": "content_block_delta"',
                "responses": b'"type": "response.output_text.delta"'}
-
-
-def loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def exact_length(engine: Any) -> Any:
-    """``engine`` with every request's end-of-sequence ignored (equal work on every side)."""
-    import dataclasses
-
-    from agentrl.inference.base import InferenceEngine
-
-    class Exact(InferenceEngine):
-        max_model_len, model_path = engine.max_model_len, engine.model_path
-
-        async def generate(self, prompt_ids, params, **kw):
-            return await engine.generate(prompt_ids, dataclasses.replace(params, ignore_eos=True), **kw)
-
-        async def generate_streaming(self, prompt_ids, params, **kw):
-            return await engine.generate_streaming(prompt_ids, dataclasses.replace(params, ignore_eos=True), **kw)
-
-        async def update_weights(self, state_dict, version):
-            return await engine.update_weights(state_dict, version)
-
-        @property
-        def version(self):
-            return engine.version
-
-        async def abort(self, request_id):
-            await engine.abort(request_id)
-
-    return Exact()
 
 
 def body(side: str, tokens: int) -> tuple[str, dict[str, Any]]:

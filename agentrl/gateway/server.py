@@ -42,6 +42,7 @@ import asyncio
 import fnmatch
 import logging
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -109,7 +110,7 @@ class Gateway(SessionRoutes):
         self._runner: web.AppRunner | None = None
         self._site_port: int | None = None
         self._hosts = HostCheck(self._host_names(), self.cfg.port)
-        self.errors: dict[str, int] = {}
+        self.errors: Counter[str] = Counter()  # gateway/errors/<code>: failed requests, streamed or not
         self.response_log = ResponseLog()
         self._expiry: asyncio.Task | None = None
 
@@ -228,7 +229,7 @@ class Gateway(SessionRoutes):
             self._hung_up(request)
             return _error_response(APIError(400, "the client hung up", code="client_disconnected"))
         except APIError as e:
-            self.errors[e.code or e.type] = self.errors.get(e.code or e.type, 0) + 1
+            self.errors[e.code or e.type] += 1
             resp = _error_response(e, request)
             if e.status == 408:
                 resp.force_close()  # the rest of a slow body is not waited for
@@ -244,7 +245,7 @@ class Gateway(SessionRoutes):
             raise
         except Exception as e:  # never crash: the error is the response, the session is unchanged
             log.exception("gateway: %s %s failed", request.method, request.path)
-            self.errors["server_error"] = self.errors.get("server_error", 0) + 1
+            self.errors["server_error"] += 1
             return _error_response(APIError(500, f"internal error: {e!r:.500}", "server_error", None, "internal_error"),
                                    request)
 
@@ -256,7 +257,7 @@ class Gateway(SessionRoutes):
             response.headers["Vary"] = "Origin"
 
     def _hung_up(self, request: web.Request) -> None:
-        self.errors["client_disconnected"] = self.errors.get("client_disconnected", 0) + 1
+        self.errors["client_disconnected"] += 1
         log.debug("gateway: %s %s: the client hung up", request.method, request.path)
 
     def _auth(self, request: web.Request) -> tuple[str | None, str | None]:
@@ -369,9 +370,9 @@ class Gateway(SessionRoutes):
             if notes else {}
         if req.stream:
             live = LiveRequest(self.renderer, chat, req.tools if chat else None, req.tool_choice if chat else "none",
-                               lambda why: self.errors.update(stream_mismatch=self.errors.get("stream_mismatch", 0) + 1))
+                               lambda why: self.errors.update(["stream_mismatch"]))
             return await stream_live(request, run, live, writer(), keepalive_s=self.cfg.keepalive_s,
-                                     on_hang_up=self._hung_up, headers=headers)
+                                     on_hang_up=self._hung_up, errors=self.errors, headers=headers)
         return web.json_response(body(await run(None)), headers=headers)
 
     async def _forget_on_failure(self, session: Session, work: Any) -> Completion:

@@ -9,14 +9,17 @@ for ``keepalive_s``, and once the task is done, the rest of the final reading an
 
 Errors: the response starts (HTTP 200, SSE headers) only when sampling starts, or after ``keepalive_s`` without it,
 so a request the gateway refuses (bad field, context too long, session ended) gets a plain error response with its
-status; a later failure is the dialect's error event. A client that hangs up cancels its request: the engine
-request is aborted, the session records nothing of it (it is as it was before), and ``on_hang_up`` counts it.
+status; a later failure is the dialect's error event, counted as the plain response would have been
+(``errors[code]``, the gateway's ``gateway/errors/<code>``; ``server_error`` for an engine failure), and the session
+records nothing of it. A client that hangs up cancels its request: the engine request is aborted, the session
+records nothing of it (it is as it was before), and ``on_hang_up`` counts it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import Any, Awaitable, Callable, Protocol
 
 from aiohttp import web
@@ -42,8 +45,9 @@ class Writer(Protocol):
 
 async def stream_live(request: web.Request, run: Callable[[LiveRequest], Awaitable[Completion]], live: LiveRequest,
                       writer: Writer, *, keepalive_s: float, on_hang_up: Callable[[web.Request], None],
-                      headers: dict[str, str] | None = None) -> web.StreamResponse:
-    """Answers ``request`` with the stream of ``run(live)`` (see the module docstring)."""
+                      errors: Counter[str], headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """Answers ``request`` with the stream of ``run(live)`` (see the module docstring); a failure after the response
+    started is counted in ``errors[code]``, as the server counts a plain error response."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
     live.sink = queue.put_nowait
     task = asyncio.ensure_future(run(live))
@@ -82,7 +86,7 @@ async def stream_live(request: web.Request, run: Callable[[LiveRequest], Awaitab
                 await resp.write(b"".join(frames))
             if ended:
                 break
-        await resp.write(b"".join(_closing(task, live, writer)))
+        await resp.write(b"".join(_closing(task, live, writer, errors)))
         await resp.write_eof()
     except (ConnectionResetError, asyncio.CancelledError) as e:
         task.cancel()
@@ -93,14 +97,16 @@ async def stream_live(request: web.Request, run: Callable[[LiveRequest], Awaitab
     return resp
 
 
-def _closing(task: asyncio.Future, live: LiveRequest, writer: Writer) -> list[bytes]:
+def _closing(task: asyncio.Future, live: LiveRequest, writer: Writer, errors: Counter[str]) -> list[bytes]:
     """The frames after the last delta: the rest of the final reading and the writer's end, or an error event."""
     try:
         done: Completion = task.result()
     except APIError as e:
+        errors[e.code or e.type] += 1
         return [writer.error(e)]
     except Exception as e:
         log.exception("gateway: streamed request failed")
+        errors["server_error"] += 1
         return [writer.error(APIError(500, f"internal error: {e!r:.500}", "server_error"))]
     frames: list[bytes] = []
     for i, kind, text in live.finish(done):

@@ -5,7 +5,10 @@ keeps ``record``: ``(prompt_ids, Generation)`` of every generation it returned, 
 for in ``sessions`` (same index). ``script[session_id]``: outputs (token ids) returned in turn instead of sampling,
 for that session's next requests, told token by token as the engine streams (a tiny model never writes a
 well-formed tool call; a scripted one makes a harness run its tool). A scripted output carries log-prob -1.0 (it
-was not sampled) and the engine's current version.
+was not sampled) and the engine's current version. ``break_stream[session_id]``: the session's next streamed
+request tells these ids and then raises :class:`EngineFault`, as an engine that dies mid-completion: nothing of it
+is returned or recorded (how a harness copes with a stream that fails after it started); ``broken`` keeps
+``(prompt_ids, session_id)`` of each request so failed.
 """
 
 from __future__ import annotations
@@ -15,12 +18,18 @@ from typing import Any
 from agentrl.inference.base import Generation, InferenceEngine
 
 
+class EngineFault(RuntimeError):
+    """The failure ``break_stream`` injects."""
+
+
 class RecordingEngine(InferenceEngine):
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.record: list[tuple[list[int], Generation]] = []
         self.sessions: list[str | None] = []
         self.script: dict[str, list[list[int]]] = {}
+        self.break_stream: dict[str, list[int]] = {}
+        self.broken: list[tuple[list[int], str]] = []
         self.max_model_len = getattr(engine, "max_model_len", None)
         self.model_path = getattr(engine, "model_path", None)
 
@@ -35,6 +44,11 @@ class RecordingEngine(InferenceEngine):
         return self._keep(prompt_ids, gen, session_id)
 
     async def generate_streaming(self, prompt_ids, params, *, request_id, session_id=None, on_tokens):
+        if session_id in self.break_stream:
+            self.broken.append((list(prompt_ids), session_id))
+            for t in self.break_stream.pop(session_id):
+                on_tokens([t])
+            raise EngineFault(f"injected: the engine failed mid-completion of {request_id}")
         gen = self._scripted(session_id, on_tokens)
         if gen is None:
             gen = await self.engine.generate_streaming(prompt_ids, params, request_id=request_id,

@@ -17,7 +17,9 @@ second test scripts the first answer of a session as one (the CLI's own file-wri
 the CLI runs it, the file appears, and the CLI's next request (with the tool result) renders as an exact extension
 of the session's tokens (one segment). Codex and Claude Code give up (exit 1) on answers cut at the gateway's
 ``max_tokens`` cap, which the tiny model sometimes samples past without an end token: that exit, with the CLI's own
-message for it, is accepted only when the session's last answer reached the cap (``CAPPED``).
+message for it, is accepted only when the session's last answer reached the cap (``CAPPED``). A third test breaks
+Claude Code's first streamed answer mid-way (the engine fails after a few tokens): Claude Code falls back to the
+same request without streaming, and the gateway records that completion exactly and nothing of the cut stream.
 
 The CLIs are a test dependency, not agentrl's: ``tests/harness_clis/setup.sh`` installs the pinned versions (CI runs
 it in ``.ci/run``). Missing CLIs or bwrap fail these tests under ``CI=true`` and skip them elsewhere, naming the
@@ -27,6 +29,7 @@ script.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -107,7 +110,8 @@ def tok(model_dir):
 
 
 class LoggedGateway(Gateway):
-    """The gateway with a log of every request it answered: (session, path, streaming, status)."""
+    """The gateway with a log of every request it answered: session, path, streaming, status, and for a POST its
+    model, messages and tool names."""
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -125,6 +129,7 @@ class LoggedGateway(Gateway):
                 try:  # read once here; aiohttp keeps the body for the handler
                     body = json.loads(await request.read())
                     entry["stream"] = bool(body.get("stream"))
+                    entry["model"], entry["messages"] = body.get("model"), body.get("messages")
                     entry["tools"] = [t.get("name") or t.get("function", {}).get("name") for t in body.get("tools", [])]
                 except (ValueError, AttributeError):
                     pass
@@ -249,13 +254,19 @@ CLIS = {  # name: (dialect path, write config -> argv and env, parse the CLI's o
 }
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gateway(vllm, tok):
+@contextlib.asynccontextmanager
+async def logged_gateway(vllm, tok):
     eng = RecordingEngine(vllm)
     # Claude Code's background calls name claude-* models; any other name is refused (404), as without a harness.
     cfg = GatewayConfig(port=0, api_key=KEY, model_aliases=["claude-*"], max_tokens=MAX_TOKENS)
     async with LoggedGateway(eng, tok, cfg, model_name="tiny") as gw:
         gw.recorder, gw.engine_version, gw.script = eng, vllm.version, eng.script
+        yield gw
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gateway(vllm, tok):
+    async with logged_gateway(vllm, tok) as gw:
         yield gw
 
 
@@ -398,3 +409,54 @@ async def test_harness_cli_runs_a_tool_call_through_gateway(name, gateway, cli_e
         check_capture(gw, sid, record)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def test_claude_code_falls_back_to_non_streaming_when_a_stream_fails(vllm, tok, cli_env):
+    """The engine fails in the middle of the session's first streamed answer (``break_stream``: a few tokens of text
+    are streamed, then the engine raises): the gateway ends the started stream (HTTP 200) with Anthropic's ``error``
+    event (``api_error``), which Claude Code's SDK raises as an API error; Claude Code classifies a server error after
+    output began as one to retry without streaming (its ``Error streaming, falling back to non-streaming mode``),
+    sends the same request with ``stream: false`` and takes the whole reply. The gateway counts the failure
+    (``server_error``), keeps nothing of the cut stream (a failed request changes nothing in its session), and records
+    the non-streamed completion exactly; the CLI exits 0 printing it. A gateway of its own: the module's tests
+    assert that their gateway never failed."""
+    async with logged_gateway(vllm, tok) as gw:
+        sid, tmp = "claude-fallback", _tmp("claude")
+        cut = tok.encode("Partial answer that", add_special_tokens=False)
+        gw.recorder.break_stream[sid] = cut
+        try:
+            argv, extra = _claude(f"http://127.0.0.1:{gw.port}/s/{sid}", tmp / "home")
+            argv += ["--debug", "--debug-to-stderr"]  # its own account of what it did with the failed stream
+            rc, out, err = await sandboxed(argv, {**cli_env, **extra}, gw, tmp)
+            record = gw.recorder.for_session(sid)
+            capped = bool(record) and len(record[-1][1].token_ids) >= MAX_TOKENS
+            assert rc == 0 or (rc == 1 and capped and CAPPED["claude"] in out), \
+                f"claude exited {rc}; stdout: {out[-2000:]}\nstderr: {err[-3000:]}"
+            reqs = [r for r in gw.requests if r["sid"] == sid and r["path"].endswith("/v1/messages")]
+            print(reqs and [{k: v for k, v in r.items() if k != "messages"} for r in reqs], gw.errors)
+            broken = [p for p, b in gw.recorder.broken if b == sid]
+            assert sid not in gw.recorder.break_stream and len(broken) == 1  # the fault hit one streamed request
+            i = next(k for k, r in enumerate(reqs) if r["stream"])
+            assert reqs[i]["status"] == 200, reqs  # the stream had started when it failed (not a plain error)
+            # the retry without streaming: the next request, the same messages, and the engine got the same prompt
+            retry = reqs[i + 1]
+            assert retry["stream"] is False and retry["status"] == 200, reqs
+            assert retry["messages"] == reqs[i]["messages"] and retry["model"] == reqs[i]["model"]
+            assert "falling back to non-streaming" in err, err[-3000:]
+            assert gw.errors.get("server_error") == 1 and "stream_mismatch" not in gw.errors, gw.errors  # the cut one
+            assert all(r["status"] == 200 for r in gw.requests if r["sid"] == sid), reqs  # nothing else failed
+            # nothing of the cut stream in the session: its requests are the completions the engine returned
+            s = gw.store.sessions[sid]
+            answered = [r for r in reqs if r["status"] == 200 and r is not reqs[i]]
+            assert s.requests == len(record) == len(answered), (s.info(), reqs)
+            assert any(p == broken[0] for p, _ in record)  # the retried prompt was served, whole
+            check_capture(gw, sid, record)  # every sampled token is a recorded one: the cut tokens are not
+            traj = s.trajectory(reward=1.0)
+            assert not any(traj.token_ids[k: k + len(cut)] == cut and all(traj.loss_mask[k: k + len(cut)])
+                           for k in range(len(traj.token_ids) - len(cut) + 1))
+            text = _claude_text(out, capped).strip()
+            decoded = [tok.decode(g.token_ids, skip_special_tokens=True).strip() for _, g in record]
+            assert (text or rc == 1) and any(text[:40] in d for d in decoded), (text[:200], [d[:200] for d in decoded])
+            assert "Partial answer that" not in text
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,8 +1,9 @@
 """Token-by-token streaming in every dialect against a scripted engine that tells its tokens one at a time and can
 be held mid-generation: the official clients' streaming helpers receive the first deltas while the engine is still
 held (nothing committed yet), the streamed text equals the whole reply's token for token, an abort-and-resubmit
-mid-stream continues the stream, and a client that hangs up mid-stream cancels its engine request and leaves the
-session as it was. (The real vLLM engine: tests/gateway/test_gateway_engine.py.)"""
+mid-stream continues the stream, a client that hangs up mid-stream cancels its engine request and leaves the
+session as it was, and an engine that fails mid-stream ends the stream with the dialect's error (counted in the
+gateway's errors, the session as it was). (The real vLLM engine: tests/gateway/test_gateway_engine.py.)"""
 
 from __future__ import annotations
 
@@ -31,13 +32,13 @@ LONG = "She is thirty-four years old and lives in a small town by the sea, where
 
 class DripEngine(ScriptEngine):
     """The scripted engine, telling its tokens one at a time; with ``hold_after=k`` the k-th token of the first
-    request waits until ``gate`` is set (``held`` is set then). ``cancelled`` is set when a held request is
-    cancelled."""
+    request waits until ``gate`` is set (``held`` is set then); with ``fail_after=k`` the first request raises
+    instead of telling its k-th token. ``cancelled`` is set when a held request is cancelled."""
 
-    def __init__(self, *a, hold_after=None, **kw):
+    def __init__(self, *a, hold_after=None, fail_after=None, **kw):
         super().__init__(*a, **kw)
-        self.hold_after, self.gate, self.held, self.cancelled = hold_after, asyncio.Event(), asyncio.Event(), \
-            asyncio.Event()
+        self.hold_after, self.fail_after = hold_after, fail_after
+        self.gate, self.held, self.cancelled = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def generate_streaming(self, prompt_ids, params, *, request_id, session_id=None, on_tokens):
         first = not self.calls
@@ -47,6 +48,8 @@ class DripEngine(ScriptEngine):
                 if first and k == self.hold_after:
                     self.held.set()
                     await self.gate.wait()
+                if first and k == self.fail_after:  # the engine dies mid-completion: nothing is returned
+                    raise RuntimeError("engine died mid-completion")
                 on_tokens([t])
                 await asyncio.sleep(0)  # a step boundary: the gateway may write between tokens
         except asyncio.CancelledError:
@@ -60,8 +63,8 @@ def qwen3():
     return qwen_tokenizer(template("qwen3.jinja"))
 
 
-async def drip(tok, replies, hold_after=None, keepalive_s=15.0, **kw):
-    eng = DripEngine(tok, replies, hold_after=hold_after, **kw)
+async def drip(tok, replies, hold_after=None, keepalive_s=15.0, fail_after=None, **kw):
+    eng = DripEngine(tok, replies, hold_after=hold_after, fail_after=fail_after, **kw)
     gw = ClosingGateway(eng, tok, GatewayConfig(port=0, keepalive_s=keepalive_s), model_name="tiny")
     gw.clients = []
     await gw.start()
@@ -272,6 +275,35 @@ async def test_client_hanging_up_mid_stream_cancels_its_request_and_records_noth
         assert r.choices[0].message.content == "again"
         s = gw.store.sessions["gone"]
         assert s.requests == 1 and not s._live and s.inflight == 0
+        rec = s.token_record()
+        assert [t for t, m in zip(rec.token_ids, rec.loss_mask) if m] == eng.outputs[-1].token_ids
+    finally:
+        await gw.stop()
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+async def test_engine_failing_mid_stream_ends_it_with_an_error_counted_and_nothing_recorded(tiny_tok, dialect):
+    """The engine raises after 3 tokens were streamed: the official client raises the dialect's error mid-stream
+    (after the first deltas, so the response had started: HTTP 200), the failure is counted in the gateway's errors
+    as a non-streamed one would be (``gateway/errors/server_error``), the session keeps nothing of it (a session that
+    served nothing is forgotten), and the same session's next request is recorded alone."""
+    gw, eng = await drip(tiny_tok, ["one two three four five six seven<eos>", "again<eos>"], fail_after=3)
+    run = DIALECTS[dialect]
+    seen = []
+
+    async def held(reasoning, content):
+        seen.append(content)
+
+    try:
+        with pytest.raises((openai.APIError, anthropic.APIError)) as e:
+            await within(run(gw, "cut", True, held))
+        assert seen and "one" in seen[0]  # deltas came before the error: it broke a started stream
+        assert "engine died mid-completion" in str(e.value)
+        assert gw.errors.get("server_error") == 1, gw.errors
+        assert "cut" not in gw.store.sessions
+        assert (await within(run(gw, "cut", False, None)))[1] == "again"
+        s = gw.store.sessions["cut"]
+        assert s.requests == 1 and s.stats["sampled_tokens"] == len(eng.outputs[-1].token_ids)
         rec = s.token_record()
         assert [t for t, m in zip(rec.token_ids, rec.loss_mask) if m] == eng.outputs[-1].token_ids
     finally:
