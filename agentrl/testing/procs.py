@@ -48,3 +48,33 @@ def descendants(root: int | None = None) -> dict[int, str]:
 def running_descendants(marker: str, root: int | None = None) -> list[str]:
     """``"PID ARGS"`` of this process's live descendants whose command line contains ``marker``."""
     return [f"{pid} {args}" for pid, args in sorted(descendants(root).items()) if args and marker in args]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a server a test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_listening(argv: list[str], port: int, what: str, timeout_s: float = 60.0) -> "subprocess.Popen":
+    """Starts ``argv`` (output discarded) and returns it once 127.0.0.1:``port`` accepts a connection; fails naming
+    ``what`` if it exits first or ``timeout_s`` passes. The caller kills and waits for it."""
+    import socket
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    while True:  # until it listens (bounded)
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise AssertionError(f"{what} did not start listening on port {port}")
+            time.sleep(0.05)

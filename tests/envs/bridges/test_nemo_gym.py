@@ -6,8 +6,6 @@ server killed mid-episode."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -19,6 +17,7 @@ import agentrl
 from agentrl.envs.bridges.nemo_gym_client import NeMoGymEnv, NeMoGymError, response_object
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 from agentrl.policy import ScriptedPolicy
+from agentrl.testing.procs import free_port, start_listening
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,25 +26,10 @@ STANDIN = Path(__file__).with_name("nemo_gym_standin.py")
 PROMPT = [{"role": "system", "content": "Guess the number."}, {"role": "user", "content": "Start."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(STANDIN), str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while True:  # until it listens (bounded)
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "the stand-in server did not start"
-            time.sleep(0.05)
+    port = free_port()
+    proc = start_listening([sys.executable, str(STANDIN), str(port)], port, "the stand-in server")
     yield proc, f"http://127.0.0.1:{port}"
     proc.kill()
     proc.wait()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ from agentrl.envs.bridges.nemo_gym_tools import NeMoGymToolsEnv
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 from agentrl.policy import ScriptedPolicy
 from agentrl.tools import format_tool_call
+from agentrl.testing.procs import free_port, start_listening
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,25 +40,10 @@ TOOLS = [
 ROWS = [(3, 1, 2, 6), (6, 4, 5, 15), (0, 7, 8, 15), (10, 2, 9, 21), (1, 1, 1, 3), (5, 5, 5, 99)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(STANDIN), str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while True:  # until it listens (bounded)
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "the stand-in server did not start"
-            time.sleep(0.05)
+    port = free_port()
+    proc = start_listening([sys.executable, str(STANDIN), str(port)], port, "the stand-in server")
     yield proc, f"http://127.0.0.1:{port}"
     proc.kill()
     proc.wait()
