@@ -152,7 +152,7 @@ class AdapterSet:
         raw = next((r for r in replies if r is not None), None)
         if raw is None:
             raise RuntimeError("no engine worker returned the broadcast adapter")
-        payload = await asyncio.to_thread(lambda: self.prepare(load(raw)))
+        payload = await asyncio.to_thread(lambda: self.prepare(load(bytes(raw))))
         self.stage(payload)
         return len(payload)
 

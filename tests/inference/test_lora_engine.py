@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import random
@@ -316,5 +317,12 @@ async def test_two_replicas_at_alpha_1_sample_every_token_with_its_versions_adap
         batch = await _sample(engine, 16, seed=20)
         assert {v for t in batch for v in t.versions[t.prompt_len:]} == {3}
         assert trainer.train_step(batch, advantages=_advantages(batch))["mismatch/kl_k3"] < 1e-6
+        if bcast is not None:  # an adapter of another rank is refused by name before any replica pauses or waits
+            other = Trainer(dataclasses.replace(_trainer_cfg(), lora=LoraConfig(rank=4, alpha=8.0)), tiny_model_dir)
+            bad = await asyncio.to_thread(_Broadcast, engine, other, monkeypatch)
+            with pytest.raises(ValueError, match=r"lora_A.weight: shape \(4, \d+\) is not of the served rank r=8"):
+                await asyncio.to_thread(bad.sender.send)
+            assert await engine.replica_versions() == [3, 3]
+            assert {v for t in await _sample(engine, 4, seed=21) for v in t.versions[t.prompt_len:]} == {3}
     finally:
         await engine.close()
