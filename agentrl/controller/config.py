@@ -174,10 +174,10 @@ class TrainConfig:
                              f"streaming ({self.streaming}): it decides on whole batches, after the rollout; turn "
                              f"one of them off")
         if self.trainer.lora is not None:
-            if self.engine.backend != "vllm" or self.engine.resolved_weight_sync() != "rpc":
-                raise ValueError(f"trainer.lora needs engine.backend: vllm with engine.weight_sync: rpc (got "
-                                 f"{self.engine.backend} / {self.engine.resolved_weight_sync()}): only that path "
-                                 "serves the versioned adapters exactly")
+            if self.engine.backend != "vllm":
+                raise ValueError(f"trainer.lora needs engine.backend: vllm (got {self.engine.backend}): only vLLM "
+                                 "in agentrl's hands serves the versioned adapters exactly (weight_sync rpc, nccl "
+                                 "or gloo)")
             if self.engine.lora is not None or self.engine.lora_adapter:
                 raise ValueError("engine.lora / engine.lora_adapter are set from trainer.lora by agentrl train; "
                                  "leave them unset")

@@ -13,7 +13,8 @@ The shortest path the engine allows, chosen once from the engine and its config:
 - ``remote`` (vLLM servers): the driver sends the weights the way ``weight_sync`` (``http``/``file``) says.
 
 Every sync returns the metrics row's ``weights/path``, ``weights/bytes`` (one engine's copy) and
-``weights/sync_s``.
+``weights/sync_s``. With ``trainer.lora`` every path carries the adapter alone (:mod:`agentrl.inference.lora`), so
+``weights/bytes`` is the adapter's size.
 """
 
 from __future__ import annotations

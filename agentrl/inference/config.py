@@ -88,8 +88,9 @@ class EngineConfig:
     start_timeout_s: float = 600.0
     lora: dict[str, Any] | None = None
     """Serve LoRA adapters on the frozen base ``model`` (vllm only): the PEFT ``adapter_config.json`` contents of
-    the adapters weight updates will carry (``agentrl train`` sets it from ``trainer.lora``). Updates then load only
-    the adapter, registered with vLLM under its version (:mod:`agentrl.inference.lora`)."""
+    the adapters weight updates will carry (``agentrl train`` sets it from ``trainer.lora``). Updates then carry only
+    the adapter (``weight_sync: rpc``: through the object store; ``nccl``/``gloo``: broadcast by the trainer to the
+    engines' workers), registered with vLLM under its version (:mod:`agentrl.inference.lora`)."""
     lora_adapter: str | None = None
     """A PEFT adapter directory to serve from the start as version 0 on the base ``model``. A ``model`` that is
     itself an adapter directory (a LoRA run's ``checkpoints/*/model``) means the same on the base model its
@@ -134,12 +135,9 @@ class EngineConfig:
                 raise ValueError(f"resources.{k} must be a number >= 0, got {v!r}")
             if k in ("CPU", "GPU", "memory"):
                 raise ValueError(f"resources.{k}: set CPUs with num_cpus; GPUs follow tensor_parallel_size")
-        if self.resolved_lora() is not None:
-            if self.backend != "vllm":
-                raise ValueError("lora: the remote backend cannot serve versioned adapters exactly; use backend: vllm")
-            if sync in ("nccl", "gloo"):
-                raise ValueError(f"lora with weight_sync: {sync}: the broadcast path sends full weights; use "
-                                 "weight_sync: rpc (adapters travel through the object store)")
+        # lora with weight_sync rpc, nccl or gloo: updates carry the adapter alone on either path (inference.lora)
+        if self.resolved_lora() is not None and self.backend != "vllm":
+            raise ValueError("lora: the remote backend cannot serve versioned adapters exactly; use backend: vllm")
         if self.start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0, got {self.start_timeout_s}")
 

@@ -8,6 +8,12 @@ Flow: :meth:`AdapterSet.prepare` checks an adapter state dict (PEFT file names `
 with vLLM (``add_lora``); :meth:`AdapterSet.commit` makes it the version new requests get. Version 0 without an
 adapter is the bare base model (a fresh PEFT adapter has ``B = 0``: the same function).
 
+The two weight paths differ only in how the tensors arrive. ``rpc``: the state dict comes to :meth:`AdapterSet.prepare`
+through the object store (or in process). Broadcast (``weight_sync: nccl|gloo``): the trainer announces names and
+shapes (:meth:`AdapterSet.check`, before anything pauses) and broadcasts the adapter tensors alone over vLLM's
+weight-transfer group to the engine's workers, which hand them back (:meth:`AdapterSet.receive`); from there both
+paths prepare, stage and register the adapter the same way, so versions, pause modes and unloading are the same.
+
 Invariants:
 
 - A request is bound to the adapter of the version current when it was submitted, for its whole life (vLLM keeps
@@ -17,11 +23,13 @@ Invariants:
 - An adapter is unloaded (``remove_lora``, directory deleted) only when it is older than the current version and
   no request holds it (:meth:`AdapterSet.acquire` / :meth:`AdapterSet.release` count holders); the release of the last
   holder unloads it.
-- All methods but :meth:`prepare` run on the engine's event loop, one at a time with the engine's update lock.
+- All methods but :meth:`check` and :meth:`prepare` run on the engine's event loop, one at a time with the engine's
+  update lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import tempfile
@@ -71,30 +79,39 @@ class AdapterSet:
         self._staged: bytes | None = None
 
     # ---- checks (any thread) ------------------------------------------------------------------------------
-    def prepare(self, state_dict: dict[str, Any]) -> bytes:
-        """Checks ``state_dict`` (adapter tensors under PEFT's file names) and returns it as safetensors bytes in
-        the engine's dtype. Raises ``ValueError``/``TypeError`` naming every bad entry, before anything pauses."""
-        import torch
-        from safetensors.torch import save
-
-        if not state_dict:
+    def check(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        """Raises ``ValueError`` naming every bad entry unless ``shapes`` (tensor name -> shape) is an adapter this
+        engine serves: LoRA ``A``/``B`` matrices under PEFT's file names, of the configured rank, and the same names
+        and shapes at every update. Both paths call it before anything pauses (the broadcast path with the names
+        and shapes the trainer announces, :meth:`prepare` with the tensors)."""
+        if not shapes:
             raise ValueError("the adapter state dict is empty")
-        out, problems = {}, []
-        for name, t in state_dict.items():
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"state_dict[{name!r}] is a {type(t).__name__}, expected a torch.Tensor")
-            if not (name.endswith(".lora_A.weight") or name.endswith(".lora_B.weight")) or t.dim() != 2:
+        # a per-module rank_pattern (an adapter directory given by the user) has no one rank to check against
+        rank, problems = (0 if self.config.get("rank_pattern") else int(self.config.get("r", 0))), []
+        for name, shape in shapes.items():
+            if not (name.endswith(".lora_A.weight") or name.endswith(".lora_B.weight")) or len(shape) != 2:
                 problems.append(f"{name}: not a LoRA A/B matrix (a full state dict sent to a LoRA engine?)")
-                continue
-            out[name] = t.detach().to(self.dtype).cpu().contiguous()
-        shapes = {n: tuple(t.shape) for n, t in out.items()}
+            elif rank and shape[0 if name.endswith(".lora_A.weight") else 1] != rank:
+                problems.append(f"{name}: shape {tuple(shape)} is not of the served rank r={rank}")
+        shapes = {n: tuple(s) for n, s in shapes.items()}
         if self._schema is not None and not problems and shapes != self._schema:
             problems.append(f"names or shapes differ from the first adapter served: "
                             f"{sorted(set(shapes) ^ set(self._schema))[:4] or 'shapes'}")
         if problems:
             raise ValueError("adapter does not fit the served LoRA config: " + "; ".join(problems[:5]))
         self._schema = shapes
-        return save(out)
+
+    def prepare(self, state_dict: dict[str, Any]) -> bytes:
+        """Checks ``state_dict`` (adapter tensors under PEFT's file names, :meth:`check`) and returns it as
+        safetensors bytes in the engine's dtype. Raises ``ValueError``/``TypeError`` naming every bad entry."""
+        import torch
+        from safetensors.torch import save
+
+        for name, t in state_dict.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"state_dict[{name!r}] is a {type(t).__name__}, expected a torch.Tensor")
+        self.check({n: tuple(t.shape) for n, t in state_dict.items()})
+        return save({n: t.detach().to(self.dtype).cpu().contiguous() for n, t in state_dict.items()})
 
     # ---- on the engine loop --------------------------------------------------------------------------------
     async def add(self, payload: bytes, version: int) -> None:
@@ -122,6 +139,22 @@ class AdapterSet:
     def stage(self, payload: bytes) -> None:
         """Keeps a prepared adapter for :meth:`commit` (the phased update knows the version only at commit)."""
         self._staged = payload
+
+    async def receive(self, update_info: dict[str, Any]) -> int:
+        """The broadcast path (``weight_sync: nccl|gloo``): the engine's workers take one round of adapter tensors
+        from the trainer over the weight-transfer group, through the backend's own receive
+        (:meth:`~agentrl.inference.vllm_worker.WeightSyncExtension.agentrl_receive_adapter`), and the first worker
+        hands them back; from here they are checked and staged as an rpc update's are (:meth:`prepare`,
+        :meth:`stage`), and :meth:`commit` registers them. Returns the bytes staged."""
+        from safetensors.torch import load
+
+        replies = await self.llm.collective_rpc("agentrl_receive_adapter", args=(update_info,))
+        raw = next((r for r in replies if r is not None), None)
+        if raw is None:
+            raise RuntimeError("no engine worker returned the broadcast adapter")
+        payload = await asyncio.to_thread(lambda: self.prepare(load(bytes(raw))))
+        self.stage(payload)
+        return len(payload)
 
     async def commit(self, version: int) -> None:
         """Makes ``version`` current (adding the staged adapter first, if any) and unloads adapters nobody holds."""

@@ -97,13 +97,17 @@ class EngineReplica:
         await self.engine.finish_weight_update()
 
     def check_update(self, update_info: dict[str, Any]) -> None:
-        """Raises ValueError unless ``update_info`` names exactly the served checkpoint's tensors, shapes equal."""
+        """Raises ValueError unless ``update_info`` names exactly the served checkpoint's tensors, shapes equal, or,
+        serving LoRA, an adapter that fits the served one (:meth:`agentrl.inference.lora.AdapterSet.check`)."""
         from agentrl.inference.weights import check_shapes, checkpoint_schema, tied_embeddings
 
+        got = {n: tuple(s) for n, s in zip(update_info["names"], update_info["shapes"])}
+        if self.engine.adapter_set is not None:
+            self.engine.adapter_set.check(got)
+            return
         schema = checkpoint_schema(self.engine.model_path)
         if schema is None:
             return
-        got = {n: tuple(s) for n, s in zip(update_info["names"], update_info["shapes"])}
         if tied_embeddings(self.engine.model_path) and "lm_head.weight" not in schema:
             got.pop("lm_head.weight", None)
         check_shapes(got, schema)

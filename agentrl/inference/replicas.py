@@ -20,7 +20,8 @@ Invariants:
   :class:`EngineReplicaError` only when no replica is left.
 - The broadcast path (``weight_sync: nccl|gloo``) keeps the same shape: the trainer's sender pauses, fills and
   finishes every replica through :meth:`ReplicatedEngine.weight_sync_client`; the driver labels and resumes them
-  with :meth:`ReplicatedEngine.commit_weight_update` (:mod:`agentrl.inference.weight_transfer`).
+  with :meth:`ReplicatedEngine.commit_weight_update` (:mod:`agentrl.inference.weight_transfer`). Serving LoRA,
+  the round is the adapter alone and the replicas switch to it at the commit (:mod:`agentrl.inference.lora`).
 - Streaming (:meth:`ReplicatedEngine.generate_streaming`, the gateway's path): the replica's actor relays each
   engine step's new ids as a Ray streaming generator, so the caller sees tokens as they are made, not the
   whole completion at the end.

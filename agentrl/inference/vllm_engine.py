@@ -10,9 +10,9 @@ Versions: the engine core labels every output step with its current weight versi
 into one version per token. A weight update sets the label between ``pause`` and ``resume``, so a token's label is
 the version of the weights that computed it.
 
-LoRA (``cfg.lora`` / ``cfg.lora_adapter``): the base stays and each update registers the trainer's adapter under
-its version with vLLM's LoRA support; a request keeps the adapter it started with, and its tokens carry that
-adapter's version (:mod:`agentrl.inference.lora`).
+LoRA (``cfg.lora`` / ``cfg.lora_adapter``): the base stays and each update (rpc or broadcast) registers the trainer's
+adapter under its version with vLLM's LoRA support (:attr:`VLLMEngine.adapter_set`); a request keeps the adapter it
+started with, and its tokens carry that adapter's version (:mod:`agentrl.inference.lora`).
 
 Weights: :meth:`VLLMEngine.update_weights` serializes the state dict with safetensors and calls the worker
 extension :class:`agentrl.inference.vllm_worker.WeightSyncExtension` through ``collective_rpc`` (CPU and GPU). The
@@ -89,7 +89,7 @@ class VLLMEngine(InferenceEngine):
         self._request_counter = itertools.count()
         self._update_lock: asyncio.Lock | None = None  # created on the engine loop
         self._paused_mode = cfg.pause_mode  # the mode of the current phased update (pause .. commit)
-        self._adapters: Any = None  # agentrl.inference.lora.AdapterSet when serving LoRA adapters
+        self.adapter_set: Any = None  # the agentrl.inference.lora.AdapterSet served (None: full weights)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-vllm-engine", daemon=True)
         self._thread.start()
@@ -169,9 +169,9 @@ class VLLMEngine(InferenceEngine):
         if lora is not None:
             from agentrl.inference.lora import AdapterSet
 
-            self._adapters = AdapterSet(self._llm, lora, self._llm.model_config.dtype)
+            self.adapter_set = AdapterSet(self._llm, lora, self._llm.model_config.dtype)
             if self.cfg.adapter_path():
-                await self._adapters.register(0, self.cfg.adapter_path())
+                await self.adapter_set.register(0, self.cfg.adapter_path())
         await self._llm.update_weight_version(str(self._version))
 
     def _resolve_dtype(self) -> str:
@@ -261,7 +261,7 @@ class VLLMEngine(InferenceEngine):
         finish: str | None = None
         stop_reason: Any = None
         spans: Any = None
-        adapter_version, lora_request = self._adapters.acquire() if self._adapters else (None, None)
+        adapter_version, lora_request = self.adapter_set.acquire() if self.adapter_set else (None, None)
         stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), sp, request_id,
                                     lora_request=lora_request)
         try:
@@ -284,7 +284,7 @@ class VLLMEngine(InferenceEngine):
             raise
         finally:
             if adapter_version is not None:
-                await asyncio.shield(self._adapters.release(adapter_version))
+                await asyncio.shield(self.adapter_set.release(adapter_version))
         reason = _FINISH_REASONS.get(finish or "abort", "stop")
         # With adapters every token of a request comes from the adapter it was submitted with (lora.py).
         versions = ([adapter_version] * len(token_ids) if adapter_version is not None
@@ -324,8 +324,8 @@ class VLLMEngine(InferenceEngine):
         """Checks ``state_dict`` against the served checkpoint and returns the payload :meth:`load_prepared` loads
         (safetensors bytes in the engine's dtype). Raises ``ValueError``/``TypeError`` naming every bad entry.
         Serving adapters, ``state_dict`` is the adapter alone (:meth:`agentrl.inference.lora.AdapterSet.prepare`)."""
-        if self._adapters is not None:
-            return self._adapters.prepare(state_dict)
+        if self.adapter_set is not None:
+            return self.adapter_set.prepare(state_dict)
         from agentrl.inference.weights import checkpoint_schema, prepare_state_dict, serialize, tied_embeddings
 
         if self._schema is None:
@@ -336,9 +336,9 @@ class VLLMEngine(InferenceEngine):
 
     async def _update(self, payload: bytes, version: int, mode: str) -> None:
         assert self._update_lock is not None
-        if self._adapters is not None:
+        if self.adapter_set is not None:
             async with self._update_lock:
-                await self._adapters.add(payload, version)  # before any pause: a refused adapter changes nothing
+                await self.adapter_set.add(payload, version)  # before any pause: a refused adapter changes nothing
                 await self._lora_switch(version, mode)
             return
         async with self._update_lock:
@@ -355,15 +355,15 @@ class VLLMEngine(InferenceEngine):
         if mode == "abort":
             await self._llm.pause_generation(mode="abort", clear_cache=False)
         try:
-            await self._adapters.commit(version)
+            await self.adapter_set.commit(version)
             await self._set_version(version)
         finally:
             if mode == "abort":
                 await self._llm.resume_generation()
 
     async def _load(self, payload: bytes, mode: str) -> None:
-        if self._adapters is not None:
-            self._adapters.stage(payload)
+        if self.adapter_set is not None:
+            self.adapter_set.stage(payload)
             return
         await self._llm.collective_rpc("agentrl_load_weights", args=(payload,))
         await self._drop_old_kv(mode)
@@ -385,7 +385,7 @@ class VLLMEngine(InferenceEngine):
         they are frozen until :meth:`commit`."""
         mode = self._pause_mode(pause_mode)
         self._paused_mode = mode
-        if self._adapters is not None:
+        if self.adapter_set is not None:
             return  # adapters switch at commit (see _lora_switch)
         await self._on_engine(self._llm.pause_generation(mode=mode, clear_cache=(mode == "abort")))
 
@@ -399,7 +399,7 @@ class VLLMEngine(InferenceEngine):
         _check_version(version)
 
         async def run() -> None:
-            if self._adapters is not None:
+            if self.adapter_set is not None:
                 await self._lora_switch(version, self._paused_mode)
                 return
             try:
@@ -422,18 +422,25 @@ class VLLMEngine(InferenceEngine):
         """Pauses generation (as :meth:`pause`) and starts a weight update on every worker."""
         self._require_weight_transfer()
         await self.pause(pause_mode)
-        await self._on_engine(self._llm.start_weight_update())
+        if self.adapter_set is None:  # an adapter arrives beside the model, not into it (AdapterSet.receive)
+            await self._on_engine(self._llm.start_weight_update())
 
     async def receive_weights(self, update_info: dict[str, Any]) -> None:
         """Receives one broadcast round (``update_info``: names, dtypes, shapes) into the model; returns when the
-        trainer's matching broadcast is done."""
+        trainer's matching broadcast is done. Serving adapters, the round is the adapter, staged for :meth:`commit`."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
+        if self.adapter_set is not None:
+            await self._on_engine(self.adapter_set.receive(update_info))
+            return
         await self._on_engine(self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info)))
 
     async def finish_weight_update(self) -> None:
         """Finishes the update on every worker (layer-wise reload's post-processing) and drops old KV. Generation
-        stays paused until :meth:`commit` labels the new weights."""
+        stays paused until :meth:`commit` labels the new weights. Serving adapters there is nothing to finish: the
+        base is unchanged and KV is keyed by adapter."""
+        if self.adapter_set is not None:
+            return
 
         async def run() -> None:
             await self._llm.finish_weight_update()
@@ -462,8 +469,8 @@ class VLLMEngine(InferenceEngine):
         self._shutdown_sync()
 
     def _shutdown_sync(self) -> None:
-        if self._adapters is not None:
-            self._adapters.close()
+        if self.adapter_set is not None:
+            self.adapter_set.close()
         if self._llm is not None:
             llm, self._llm = self._llm, None
 
@@ -504,23 +511,24 @@ class VLLMEngine(InferenceEngine):
 
         sp = VSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         final = None
-        version, lora_request = self._adapters.acquire() if self._adapters else (None, None)
+        version, lora_request = self.adapter_set.acquire() if self.adapter_set else (None, None)
         try:
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), sp,
                                                 f"agentrl-plp-{next(self._request_counter)}", lora_request=lora_request):
                 final = out
         finally:
             if version is not None:
-                await self._adapters.release(version)
+                await self.adapter_set.release(version)
         assert final is not None and final.prompt_logprobs is not None
         return [float(d[tok].logprob) for d, tok in zip(final.prompt_logprobs[1:], token_ids[1:])]
 
     def adapters(self) -> dict[str, Any] | None:
         """Serving adapters (:mod:`agentrl.inference.lora`): ``{"current": version, "loaded": versions whose
         adapters are registered, "holders": {version: requests holding it}}``; None when serving full weights."""
-        if self._adapters is None:
+        if self.adapter_set is None:
             return None
-        return {"current": self._adapters.current, "loaded": self._adapters.loaded(), "holders": self._adapters.holders()}
+        a = self.adapter_set
+        return {"current": a.current, "loaded": a.loaded(), "holders": a.holders()}
 
     async def vllm_loras(self) -> list[int]:
         """The LoRA ids vLLM itself has registered (``version + 1`` each), ascending."""

@@ -6,7 +6,9 @@ through ``collective_rpc`` -- in process (``AsyncLLM.collective_rpc``) or on a s
 ``POST /collective_rpc`` endpoint, which only passes strings: hence base64 and file-path variants).
 
 This is the state-dict path (``engine.weight_sync: rpc``/``http``/``file``). The broadcast path (``nccl``/``gloo``)
-goes through vLLM's weight-transfer engines instead (:mod:`agentrl.inference.weight_transfer`, registered below).
+goes through vLLM's weight-transfer engines instead (:mod:`agentrl.inference.weight_transfer`, registered below);
+serving LoRA adapters, it receives through them into a sink, not the model
+(:meth:`WeightSyncExtension.agentrl_receive_adapter`).
 Why ``reload_weights`` and not ``model.load_weights``: on the CPU, vLLM repacks linear weights after loading (the
 original ``weight`` tensor is removed); ``reload_weights`` restores the layers, loads, and re-runs that processing.
 
@@ -78,6 +80,27 @@ class WeightSyncExtension:
         if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
             quant_method.process_weights_after_loading(lm_head)
 
+    def agentrl_receive_adapter(self, update_info: dict[str, Any]) -> bytes | None:
+        """The broadcast path serving LoRA: receives one round of adapter tensors from the trainer over the
+        weight-transfer group with the backend's own receive (nccl or gloo, packed or not), into
+        :class:`_AdapterSink` instead of the model, whose base weights stay as they are. Returns the tensors as
+        safetensors bytes from the engine's first worker (every worker receives them all), None from the others;
+        the engine registers them as the adapter of the new version
+        (:meth:`agentrl.inference.lora.AdapterSet.receive`)."""
+        from safetensors.torch import save
+
+        engine = getattr(self, "weight_transfer_engine", None)
+        if engine is None:
+            raise RuntimeError("no weight-transfer engine in this worker: start the engine with weight_sync nccl "
+                               "or gloo")
+        sink = _AdapterSink()
+        engine.set_weight_update_target(sink, engine.model_config)
+        try:
+            engine.update_weights(update_info)
+        finally:
+            engine.reset_weight_update_target()
+        return save(sink.tensors) if self.rank == 0 else None
+
     def agentrl_weights_digest(self) -> str:
         """A sha256 over the model's parameters as the worker holds them (names sorted). Changes when any weight
         changes; used by tests to check that a load reached the worker."""
@@ -87,6 +110,19 @@ class WeightSyncExtension:
             h.update(name.encode())
             h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()
+
+
+class _AdapterSink:
+    """The weight-transfer engine's update target while an adapter arrives: the backend hands each received tensor
+    (or a packed buffer's views of them) to ``load_weights``, which keeps a CPU copy by name."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, Any] = {}
+
+    def load_weights(self, weights: Any) -> set[str]:
+        for name, t in weights:
+            self.tensors[name] = t.detach().to("cpu", copy=True).contiguous()
+        return set(self.tensors)
 
 
 def _ties_embeddings(worker: Any) -> bool:

@@ -24,9 +24,13 @@ Who calls what (the trainer half is wired by the trainer; the engine half is
     await engine.commit_weight_update(version)                 # driver: label ``version`` and resume, all replicas
 
 ``source`` is a vLLM ``WeightSource`` whose names are HF checkpoint names (what ``state_dict_for_inference``
-returns); ``ModuleSource(model)`` for an unwrapped HF model, and it gathers FSDP ``DTensor`` shards itself.
+returns; an engine serving LoRA takes the adapter's tensors under PEFT's names instead, received into a sink rather
+than the model: :meth:`agentrl.inference.lora.AdapterSet.receive`); ``ModuleSource(model)`` for an unwrapped HF
+model, and it gathers FSDP ``DTensor`` shards itself.
 Replicas stay paused from ``send_weights``' start to ``commit_weight_update``, so no token is ever labelled with a
-version its weights do not have. Until ``commit_weight_update`` returns, ``engine.version`` is the old version.
+version its weights do not have (serving LoRA, they do not pause: they serve the previous adapter under its version
+until the commit switches to the received one, whose pause mode then applies; a failed round leaves them as they
+were). Until ``commit_weight_update`` returns, ``engine.version`` is the old version.
 If ``send_weights`` raises half-way, the replicas stay paused with partly loaded weights (never served under any
 label): stop the run; ``--resume`` starts fresh engines and loads the checkpoint's weights. Names and shapes are
 checked against the served checkpoint before anything pauses (:meth:`ReplicaWeightSyncClient.check_update

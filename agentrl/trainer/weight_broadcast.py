@@ -7,7 +7,8 @@ new version on the engines (``ReplicatedEngine.commit_weight_update``). The weig
 or the object store. The engine half and the protocol are :mod:`agentrl.inference.weight_transfer`.
 
 What is sent is exactly what the object-store path sends (:meth:`Trainer.state_dict_for_inference`: HF names,
-the engine's dtype), so both paths load the same tensors.
+the engine's dtype; with ``trainer.lora`` the adapter alone, under PEFT's names), so both paths load the same
+tensors, and a LoRA sync moves the adapter's bytes, not the model's.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from agentrl.config import ConfigError
 from agentrl.controller.run import RunFiles, load_config
@@ -75,11 +76,13 @@ def run_cli(args: list[str], **kw) -> subprocess.Popen:
 
 # α = 0 here; α = 1 with the real engine runs in the SIGKILL/resume test below and in the custom-env example's test.
 # Weights take each path a training run can take on the CPU: one engine in the driver, and two engine replicas fed
-# by the trainer's gloo broadcast through vLLM's weight-transfer API (never through the driver).
-@pytest.mark.parametrize("alpha,path", [(0, "in_driver"), (0, "broadcast")])
-def test_training_runs_with_bounded_staleness(tmp_path, alpha, path):
+# by the trainer's gloo broadcast through vLLM's weight-transfer API (never through the driver), full weights or,
+# with trainer.lora, the adapter alone.
+@pytest.mark.parametrize("alpha,path,lora", [(0, "in_driver", False), (0, "broadcast", False), (0, "broadcast", True)])
+def test_training_runs_with_bounded_staleness(tmp_path, alpha, path, lora):
     run_dir = tmp_path / f"run{alpha}"
     engine = ["engine.replicas=2", "engine.weight_sync=gloo"] if path == "broadcast" else []
+    engine += ["trainer.lora.rank=16"] if lora else []
     # fp32 (the tiny model's dtype), sampling at temperature 0.7: the trainer derives its temperature from it
     p = run_cli([str(QUICKSTART), *SMALL, *engine, f"async_ratio={alpha}", "rollout.temperature=0.7",
                  f"run_dir={run_dir}"])
@@ -102,6 +105,9 @@ def test_training_runs_with_bounded_staleness(tmp_path, alpha, path):
         # After every weight sync the trainer's log-probs of the engine's sampled tokens equal the engine's
         # (steps 2 and 3 train on tokens of weights the engine got from the trainer).
         assert all(x["train/mismatch/kl_k3"] < 1e-6 for x in r), [x["train/mismatch/kl_k3"] for x in r]
+    if lora:  # every sync broadcast the adapter alone: exactly the bytes of the adapter a checkpoint holds
+        adapter = load_file(str(RunFiles(run_dir).latest_checkpoint()[1] / "model" / "adapter_model.safetensors"))
+        assert {x["weights/bytes"] for x in r} == {float(sum(t.numel() * t.element_size() for t in adapter.values()))}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_before"]["episodes"] == 4 and summary["eval_after"]["episodes"] == 4
     assert RunFiles(run_dir).latest_checkpoint()[0] == 3

@@ -1,8 +1,9 @@
 """LoRA serving with versioned adapters on real vLLM engines (tiny model, float32, temperature 0.7).
 
 - After every adapter-only sync the engine's log-probs of the tokens it sampled equal the trainer's under the
-  adapter of each token's version (k3 KL < 1e-6), on two replicas while generation overlaps training (α = 1);
-  the same check fails when the engine skips the adapter load (a stale adapter).
+  adapter of each token's version (k3 KL < 1e-6), on two replicas while generation overlaps training (α = 1), with
+  the adapter through the object store (``weight_sync: rpc``) and broadcast by the trainer (``gloo``: the bytes on
+  the wire are the adapter's); the same check fails when the engine skips the adapter load (a stale adapter).
 - A request in flight across an update keeps its adapter (``keep``), its tokens carry that version, and the old
   adapter is unloaded exactly when that request ends, not before; ``abort`` ends it and frees the adapter at once.
 - A run's saved adapter served by a fresh engine, and the base with the adapter merged, reproduce the trainer.
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import random
@@ -246,15 +248,49 @@ async def test_saved_adapter_in_a_fresh_engine_and_merged_base_reproduce_the_tra
     assert worst < 1e-3, worst
 
 
-async def test_two_replicas_at_alpha_1_sample_every_token_with_its_versions_adapter(tiny_model_dir, scorer):
+class _Broadcast:
+    """The trainer's half of the broadcast path (``weight_sync: gloo``), in this process: rank 0's
+    :class:`~agentrl.trainer.weight_broadcast.WeightSender`, with every tensor it puts on the wire counted."""
+
+    def __init__(self, engine, trainer, monkeypatch):
+        from agentrl.inference import weight_transfer
+        from agentrl.trainer.dp_rank import free_port
+        from agentrl.trainer.weight_broadcast import WeightSender
+
+        self.engine, self.wire = engine, []
+        real = weight_transfer._broadcast
+
+        def counted(group, tensor):
+            self.wire.append(tensor.numel() * tensor.element_size())
+            real(group, tensor)
+
+        monkeypatch.setattr(weight_transfer, "_broadcast", counted)
+        self.sender = WeightSender(trainer, engine.trainer_init_info(*free_port()), engine.weight_sync_client(), 0)
+
+    async def push(self, version: int) -> int:
+        self.wire.clear()
+        sent = await asyncio.to_thread(self.sender.send)
+        await self.engine.commit_weight_update(version)
+        assert sent["bytes"] == sum(self.wire)
+        return sum(self.wire)
+
+
+@pytest.mark.parametrize("weight_sync", ["rpc", "gloo"])
+async def test_two_replicas_at_alpha_1_sample_every_token_with_its_versions_adapter(tiny_model_dir, scorer,
+                                                                                    weight_sync, monkeypatch):
     """Generation overlaps training and the sync (α = 1, keep mode): a batch's tokens carry two versions, each
-    exactly the adapter that sampled it."""
+    exactly the adapter that sampled it. ``rpc``: the adapter goes through the object store; ``gloo``: the trainer
+    broadcasts it to every replica's worker over vLLM's weight-transfer group, and the bytes on the wire are the
+    adapter's tensors alone."""
     from agentrl.inference.replicas import ReplicatedEngine
     from agentrl.trainer.trainer import Trainer
 
     trainer = Trainer(_trainer_cfg(), tiny_model_dir)
-    engine = await ReplicatedEngine.create(_engine_cfg(tiny_model_dir, replicas=2, pause_mode="keep"))
+    engine = await ReplicatedEngine.create(_engine_cfg(tiny_model_dir, replicas=2, pause_mode="keep",
+                                                       weight_sync=weight_sync))
     try:
+        bcast = (await asyncio.to_thread(_Broadcast, engine, trainer, monkeypatch)) if weight_sync == "gloo" else None
+        full = sum(p.numel() * p.element_size() for n, p in trainer.model.named_parameters() if "lora_" not in n)
         snaps = {0: trainer.state_dict_for_inference()}
         prev = await _sample(engine, 16, seed=10)
         seen: set[int] = set()
@@ -264,7 +300,12 @@ async def test_two_replicas_at_alpha_1_sample_every_token_with_its_versions_adap
             if step == 1:
                 assert metrics["mismatch/kl_k3"] < 1e-6  # a fresh batch: train/mismatch/kl_k3 is exact
             snaps[step] = trainer.state_dict_for_inference()
-            assert await engine.update_weights(snaps[step], step) > 0
+            if bcast is None:
+                assert await engine.update_weights(snaps[step], step) > 0
+            else:
+                adapter = sum(t.numel() * t.element_size() for t in snaps[step].values())
+                assert await bcast.push(step) == adapter < full / 10  # the adapter alone travelled
+            assert await engine.replica_versions() == [step, step]
             cur = await pending
             got = _check_versions_exact(scorer, snaps, cur)
             assert all(k3 < 1e-6 for k3 in got.values()), (step, got)
@@ -272,5 +313,16 @@ async def test_two_replicas_at_alpha_1_sample_every_token_with_its_versions_adap
             prev = cur
         assert len(seen) >= 2, seen  # tokens of more than one version were checked
         assert _k3(scorer, snaps[1], prev)[0] > 1e-4  # a stale adapter would have shown
+        # after every sync the engine's log-probs of the same tokens are the trainer's (train/mismatch/kl_k3)
+        batch = await _sample(engine, 16, seed=20)
+        assert {v for t in batch for v in t.versions[t.prompt_len:]} == {3}
+        assert trainer.train_step(batch, advantages=_advantages(batch))["mismatch/kl_k3"] < 1e-6
+        if bcast is not None:  # an adapter of another rank is refused by name before any replica pauses or waits
+            other = Trainer(dataclasses.replace(_trainer_cfg(), lora=LoraConfig(rank=4, alpha=8.0)), tiny_model_dir)
+            bad = await asyncio.to_thread(_Broadcast, engine, other, monkeypatch)
+            with pytest.raises(ValueError, match=r"lora_A.weight: shape \(4, \d+\) is not of the served rank r=8"):
+                await asyncio.to_thread(bad.sender.send)
+            assert await engine.replica_versions() == [3, 3]
+            assert {v for t in await _sample(engine, 4, seed=21) for v in t.versions[t.prompt_len:]} == {3}
     finally:
         await engine.close()

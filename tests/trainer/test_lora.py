@@ -177,14 +177,22 @@ def test_an_adapter_directory_is_a_policy_and_merges_from_the_cli(tiny_model_dir
     assert main(["models", "merge-lora", str(tmp_path), str(tmp_path / "x")]) == 2  # not an adapter: a clear error
 
 
-def test_train_config_refuses_lora_on_paths_that_cannot_serve_it_exactly() -> None:
+def test_train_config_refuses_lora_only_where_it_cannot_be_exact() -> None:
+    """The broadcast path carries adapters too (``engine.weight_sync: gloo|nccl`` with LoRA is no longer refused);
+    what is still refused names its field."""
     from agentrl.controller.config import load_config
+    from agentrl.inference.config import EngineConfig
 
     root = Path(__file__).resolve().parents[2]
-    with pytest.raises(ConfigError, match=r"trainer.lora needs engine.backend: vllm with engine.weight_sync: rpc"):
-        load_config(root / "configs/quickstart.yaml", ["trainer.lora.rank=16", "engine.weight_sync=gloo"])
-    with pytest.raises(ConfigError, match=r"lora with weight_sync: gloo"):
-        from_dict(__import__("agentrl.inference.config", fromlist=["EngineConfig"]).EngineConfig,
-                  {"weight_sync": "gloo", "lora": {"r": 8}})
+    for sync in ("gloo", "nccl"):
+        cfg = load_config(root / "configs/quickstart.yaml",
+                          ["trainer.lora.rank=16", f"engine.weight_sync={sync}", "engine.replicas=2"])
+        assert cfg.trainer.lora.rank == 16 and cfg.engine.resolved_weight_sync() == sync
+        assert from_dict(EngineConfig, {"weight_sync": sync, "lora": {"r": 8}}).resolved_lora() == {"r": 8}
+    with pytest.raises(ConfigError, match=r"trainer.lora needs engine.backend: vllm \(got remote\)"):
+        load_config(root / "configs/quickstart.yaml",
+                    ["trainer.lora.rank=16", "engine.backend=remote", "engine.urls=[http://127.0.0.1:8000]"])
+    with pytest.raises(ConfigError, match=r"lora: the remote backend cannot serve versioned adapters exactly"):
+        from_dict(EngineConfig, {"backend": "remote", "urls": ["http://127.0.0.1:8000"], "lora": {"r": 8}})
     cfg = load_config(root / "configs/tooluse.yaml", ["trainer.lora.rank=16"])
     assert cfg.trainer.lora.rank == 16 and cfg.trainer.lora.target_modules[0] == "q_proj"
