@@ -7,8 +7,10 @@ tests check are started as direct children of the test process, which stays aliv
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import Any, Iterator
 
 
 def _parents() -> dict[int, tuple[int, str]]:
@@ -78,3 +80,17 @@ def start_listening(argv: list[str], port: int, what: str, timeout_s: float = 60
                 proc.wait()
                 raise AssertionError(f"{what} did not start listening on port {port}")
             time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def serve_script(script: "str | os.PathLike") -> Iterator[tuple[Any, str]]:
+    """Runs ``python SCRIPT PORT`` on a free port; yields (process, base URL) once it listens; kills it after."""
+    import sys
+
+    port = free_port()
+    proc = start_listening([sys.executable, str(script), str(port)], port, f"{Path(script).name}")
+    try:
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -6,7 +6,6 @@ server killed mid-episode."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,7 +16,7 @@ import agentrl
 from agentrl.envs.bridges.nemo_gym_client import NeMoGymEnv, NeMoGymError, response_object
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 from agentrl.policy import ScriptedPolicy
-from agentrl.testing.procs import free_port, start_listening
+from agentrl.testing.procs import serve_script
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,11 +27,8 @@ PROMPT = [{"role": "system", "content": "Guess the number."}, {"role": "user", "
 
 @pytest.fixture
 def server():
-    port = free_port()
-    proc = start_listening([sys.executable, str(STANDIN), str(port)], port, "the stand-in server")
-    yield proc, f"http://127.0.0.1:{port}"
-    proc.kill()
-    proc.wait()
+    with serve_script(STANDIN) as served:
+        yield served
 
 
 @pytest.fixture

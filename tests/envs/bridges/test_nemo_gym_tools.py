@@ -22,7 +22,7 @@ from agentrl.envs.bridges.nemo_gym_tools import NeMoGymToolsEnv
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 from agentrl.policy import ScriptedPolicy
 from agentrl.tools import format_tool_call
-from agentrl.testing.procs import free_port, start_listening
+from agentrl.testing.procs import serve_script
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,11 +42,8 @@ ROWS = [(3, 1, 2, 6), (6, 4, 5, 15), (0, 7, 8, 15), (10, 2, 9, 21), (1, 1, 1, 3)
 
 @pytest.fixture
 def server():
-    port = free_port()
-    proc = start_listening([sys.executable, str(STANDIN), str(port)], port, "the stand-in server")
-    yield proc, f"http://127.0.0.1:{port}"
-    proc.kill()
-    proc.wait()
+    with serve_script(STANDIN) as served:
+        yield served
 
 
 def _row(initial: int, a: int, b: int, expected: int, **extra) -> dict:
