@@ -164,13 +164,14 @@ async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, held: HeldOut)
 async def warm_start(cfg: TrainConfig, model_dir: Path, out_dir: Path, tokenizer: Any, held: HeldOut) -> Path:
     """Trains ``model_dir`` on noisy scripted demonstrations (seeds ``held.demos``: no evaluation task) and saves
     the result under ``out_dir`` (atomically); returns the directory of the warm-started model."""
-    from agentrl.envs import mistakes_for, solver_for
+    from agentrl.envs import mistakes_for
     from agentrl.manager import EnvManager, ManagerConfig
     from agentrl.trainer.trainer import Trainer
-    from agentrl.controller.warmstart import DemoPolicy, noisy
+    from agentrl.controller.warmstart import DemoPolicy, noisy_actor, scripted_actor
 
     ws = cfg.warm_start
-    fn = noisy(solver_for(cfg.env.id), ws.noise_actions or mistakes_for(cfg.env.id), ws.noise, seed=cfg.seed)
+    fn = noisy_actor(scripted_actor(cfg.env.id, dict(cfg.env.kwargs)), ws.noise_actions or mistakes_for(cfg.env.id),
+                     ws.noise, seed=cfg.seed)
     policy = DemoPolicy(fn, tokenizer, cfg.rollout)
     mcfg = ManagerConfig.of(dataclasses.replace(cfg.manager, workers=0, num_groups=1, group_size=1, extra_groups=0,
                                                 extra_per_group=0))

@@ -1,8 +1,9 @@
 """Warm start on scripted demonstrations: scripted actions recorded as the agent loop would record tokens.
 
 A tiny model trained from scratch cannot act at all, so the CPU quickstart first imitates a deliberately noisy
-scripted policy (the env's solver, with a fraction ``noise`` of its moves replaced by random ones, or by the env's
-own scripted mistakes: ``agentrl.envs.mistakes_for``) and then improves on it with RL. The demonstrations go
+scripted policy (the env's solver or, where the answer needs the episode, its oracle: :func:`scripted_actor`;
+with a fraction ``noise`` of its moves replaced by random ones, or by the env's own scripted mistakes:
+``agentrl.envs.mistakes_for``) and then improves on it with RL. The demonstrations go
 through the same token path as real rollouts (:class:`DemoPolicy` reuses the agent loop's session and only replaces
 the engine call), so SFT sees exactly the token layout that RL will.
 """
@@ -47,9 +48,38 @@ class DemoPolicy(AgentLoopPolicy):
         return 0
 
 
+def scripted_actor(env_id: str, kwargs: dict[str, Any] | None = None) -> ActionFn:
+    """The env's scripted play as ``fn(conversation, meta) -> action``: its class's static ``solve(conversation)``
+    (``agentrl.envs.solver_for``) or, when the right action needs the episode itself (reasoning-gym: the gold answer
+    is in the dataset entry that ``meta.seed`` picks, not in the conversation), the env's oracle
+    (``agentrl.eval.policies.oracle_policy_for`` with ``kwargs``). Raises ``LookupError`` naming the env if it has
+    neither."""
+    from agentrl.envs import solver_for
+    from agentrl.eval.policies import oracle_policy_for
+    from agentrl.policy import ScriptedPolicy
+
+    try:
+        solve = solver_for(env_id)
+        return lambda conversation, meta: solve(conversation)
+    except LookupError as no_solver:
+        try:
+            oracle = oracle_policy_for(env_id, kwargs or {})
+        except LookupError as no_oracle:
+            raise LookupError(f"warm start: env {env_id!r} has no scripted play ({no_solver}; {no_oracle})") from None
+    if not isinstance(oracle, ScriptedPolicy):  # a policy that is not a function of the conversation cannot demo
+        raise LookupError(f"warm start: the oracle of env {env_id!r} is a {type(oracle).__name__}, not a scripted "
+                          "policy of (conversation, meta)")
+    return oracle.fn
+
+
 def noisy(solver: Callable[[list[Message]], str], actions: list[str] | MistakeFn, noise: float,
           seed: int = 0) -> ActionFn:
-    """Returns an action function that plays ``solver`` but, with probability ``noise`` per turn, a mistake instead:
+    """:func:`noisy_actor` of a solver of the conversation alone."""
+    return noisy_actor(lambda conversation, meta: solver(conversation), actions, noise, seed)
+
+
+def noisy_actor(actor: ActionFn, actions: list[str] | MistakeFn, noise: float, seed: int = 0) -> ActionFn:
+    """Returns an action function that plays ``actor`` but, with probability ``noise`` per turn, a mistake instead:
     a uniformly random choice from ``actions`` when it is a list, else ``actions(conversation, rng)`` (an env's
     state-dependent scripted mistakes). Deterministic given ``seed``, the episode (:func:`_stable_key`) and the turn."""
     if not callable(actions) and not actions and noise > 0:
@@ -60,7 +90,7 @@ def noisy(solver: Callable[[list[Message]], str], actions: list[str] | MistakeFn
         rng = random.Random(f"{seed}/{_stable_key(meta)}/{turn}")
         if rng.random() < noise:
             return actions(conversation, rng) if callable(actions) else rng.choice(actions)
-        return solver(conversation)
+        return actor(conversation, meta)
 
     return act
 
