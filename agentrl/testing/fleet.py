@@ -48,18 +48,24 @@ def kill_from_outside(sb: Any) -> None:
             pass
 
 
-def running(sb: Any, needle: str) -> bool:
+def running(sb: Any, needle: str, seen: list[str] | None = None) -> bool:
     """Whether a process of ``sb`` has ``needle`` on its command line (bwrap: through its cgroup; docker: the
-    container's processes as the engine lists them)."""
+    container's processes as the engine lists them). ``seen`` (if given) gets what was looked at instead: the
+    engine's error or the command lines listed, for the message of a wait that runs out."""
     if sb.backend == "docker":
         from agentrl.sandboxes.docker import docker_client
 
         try:
             # -ww: the engine's ps would cut command lines at its terminal width ($COLUMNS)
             top = docker_client().api.top(sb.container_id, ps_args="-ef -ww")
-        except Exception:
+        except Exception as e:
+            if seen is not None:
+                seen[:] = [f"docker top: {type(e).__name__}: {e}"]
             return False
-        return any(needle in " ".join(map(str, p)) for p in top.get("Processes") or [])
+        lines = [" ".join(map(str, p)) for p in top.get("Processes") or []]
+        if seen is not None:
+            seen[:] = lines
+        return any(needle in line for line in lines)
     for pid in sb.cgroup.pids() if sb.cgroup is not None else []:
         try:
             if needle in open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace"):
@@ -69,11 +75,11 @@ def running(sb: Any, needle: str) -> bool:
     return False
 
 
-async def until_running(sb: Any, needle: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(running, sb, needle):
+async def until_running(sb: Any, needle: str, timeout: float = 240.0) -> None:
+    deadline, seen = time.monotonic() + timeout, []
+    while not await asyncio.to_thread(running, sb, needle, seen):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no process {needle!r} in sandbox {sb.id} after {timeout} s")
+            raise TimeoutError(f"no process {needle!r} in sandbox {sb.id} after {timeout} s; last seen: {seen[-8:]}")
         await asyncio.sleep(0.05)
 
 
@@ -81,7 +87,8 @@ class FleetPolicy(Policy):
     """Plays ``meta.task["fault"]`` (None, "kill", "oom", "disk", "hold") on an episode's first attempt, then
     ``steps`` commands and ``echo done``. ``sandboxes`` maps sandbox ids to the pool's sandboxes (the test's or
     benchmark's pool factory fills it) so that ``kill`` can find its victim. ``holding`` is set once ``hold_count``
-    ``hold`` commands run. ``kills`` counts the kills that landed. ``barrier``: first attempts wait at their first
+    ``hold`` commands run, or as soon as one of those background watches fails (its error is then in ``job_errors``:
+a waiter checks it instead of waiting out its own timeout). ``kills`` counts the kills that landed. ``barrier``: first attempts wait at their first
     action until that many arrived (the whole fleet alive at once; ``all_up_at`` is when)."""
 
     def __init__(self, sandboxes: dict[str, Any], steps: int = 2, loop: int = 100, hold_count: int = 0,
@@ -102,6 +109,7 @@ class FleetPolicy(Policy):
         if hold_count == 0:
             self.holding.set()
         self._tasks: set[asyncio.Task] = set()
+        self.job_errors: list[str] = []  # background watches (kill, hold) that failed, with why
         self.current_version = 0  # a training run's driver moves it with the trainer's version
 
     @property
@@ -110,6 +118,12 @@ class FleetPolicy(Policy):
 
     def session(self, meta: EpisodeMeta) -> PolicySession:
         return _FleetSession(self, meta)
+
+    def _job_done(self, t: asyncio.Task) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            self.job_errors.append(f"{type(t.exception()).__name__}: {t.exception()}")
+            self.holding.set()  # wake the waiter now, with the cause, not at its own timeout
 
     async def _kill_when_running(self, sb: Any) -> None:
         await until_running(sb, "fleet-victim")
@@ -152,7 +166,7 @@ class _FleetSession(PolicySession):
                 job = self.p._kill_when_running if self.fault == "kill" else self.p._count_hold
                 t = asyncio.ensure_future(job(self.sandbox))
                 self.p._tasks.add(t)
-                t.add_done_callback(self.p._tasks.discard)
+                t.add_done_callback(self.p._job_done)
             return Action(FAULTS[self.fault])
         if self.turn <= self.p.steps:
             return Action(STEP.format(n=self.p.loop, k=self.turn))

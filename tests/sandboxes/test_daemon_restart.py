@@ -192,6 +192,7 @@ async def test_daemon_restart_mid_run_every_episode_is_retried_and_nothing_is_le
         async with EnvManager(cfg, policy) as m:
             run = asyncio.ensure_future(m.run_episodes(specs))
             await asyncio.wait_for(policy.holding.wait(), 300)  # every episode's command is running
+            assert policy.job_errors == []
             engine_up.clear()
             t0 = time.monotonic()
             await asyncio.to_thread(dockerd.stop)
@@ -232,6 +233,7 @@ async def test_daemon_gone_for_good_every_episode_ends_failed_with_its_cause(doc
         async with EnvManager(cfg, policy) as m:
             run = asyncio.ensure_future(m.run_episodes(specs))
             await asyncio.wait_for(policy.holding.wait(), 300)
+            assert policy.job_errors == []
             await asyncio.to_thread(dockerd.stop)
             trajs = await asyncio.wait_for(run, 300)  # bounded retries, then the driver returns
             met = m.metrics()

@@ -60,7 +60,7 @@ async def test_fleet_faults_are_retried_in_fresh_sandboxes_and_counted_once(busy
     assert len({t.id for t in trajs}) == n  # one delivery per task, never two
     for i, t in enumerate(trajs):  # a faulted task won with its retry, the others at once
         assert t.id.endswith(".1" if faults[i] else ".0"), (i, t.id)
-    assert policy.kills == want["kill"]
+    assert policy.job_errors == [] and policy.kills == want["kill"]
     assert met["failures/sandbox_lost"] == want["kill"], met
     assert met["failures/sandbox_oom"] == want["oom"], met
     assert met["failures/sandbox_disk"] == want["disk"], met
@@ -116,3 +116,22 @@ async def test_warm_pool_is_sized_by_the_admission_rule_and_made_before_episodes
     assert pool.stats.peak_in_use <= 16 and alive_max <= 16
     left = [x for sb in made.values() for x in leftovers(sb)]
     assert not left, left
+
+
+async def test_a_failed_background_watch_wakes_the_waiter_with_its_cause():
+    """A hold watch that cannot see its sandbox (here the sandbox object itself fails) sets ``holding`` at once,
+    with the error in ``job_errors``, instead of leaving a test to wait out its own timeout blind."""
+
+    class Broken:
+        id = "sb-x"
+
+        @property
+        def backend(self):
+            raise RuntimeError("engine gone")
+
+    policy = FleetPolicy({}, hold_count=3)
+    t = asyncio.ensure_future(policy._count_hold(Broken()))
+    policy._tasks.add(t)
+    t.add_done_callback(policy._job_done)
+    await asyncio.wait_for(policy.holding.wait(), 60)
+    assert policy.held == 0 and policy.job_errors == ["RuntimeError: engine gone"]
