@@ -4,10 +4,12 @@ One command::
 
     nice -n 5 .venv/bin/python benchmarks/bench_vs_trl.py --budget-s 480 --seeds 0 1
 
-Flow (per task of ``vs_trl_common.TASKS``; today the multi-turn ToolLookup task):
+Flow (per task of ``vs_trl_common.TASKS``: the multi-turn ToolLookup task and reasoning-gym's single-turn
+family_relationships):
 
 1. trl's venv: ``~/.cache/agentrl/bench-trl-venv`` (or ``--venv``) is made on first use with ``torch==2.13.0``,
-   ``trl==TRL_VERSION``, gymnasium and pyyaml; trl never enters agentrl's own environment.
+   ``trl==TRL_VERSION``, gymnasium, pyyaml and reasoning-gym (agentrl's version); trl never enters agentrl's own
+   environment.
 2. One warm start (agentrl's, ``warm_start`` of the task's config, seed 0) is made once and is the starting weights
    of every run, both frameworks, every seed.
 3. The held-out set: agentrl's content-keyed evaluation set of ``--heldout`` distinct tasks; both frameworks train
@@ -50,11 +52,13 @@ MODES = ("agentrl-sync", "agentrl-async", "trl")
 def ensure_venv(venv: Path) -> Path:
     """Makes (once) the venv the trl side runs in; returns its python."""
     py = venv / "bin" / "python"
-    marker = venv / f"bench-trl-{TRL_VERSION}-agentrl.ok"
+    marker = venv / f"bench-trl-{TRL_VERSION}-agentrl-rg.ok"
     if not marker.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        if not py.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        # reasoning-gym: the single-turn task's env is played on the trl side too (its prompts and its reward)
         subprocess.run([str(py), "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}", f"trl=={TRL_VERSION}",
-                        "gymnasium", "pyyaml"], check=True)
+                        "gymnasium", "pyyaml", f"reasoning-gym=={_installed('reasoning-gym')}"], check=True)
         # agentrl itself, without its dependencies: the trl side plays agentrl's env and loads the tokenizer with
         # agentrl's loader; a plain PYTHONPATH would not map agentrl.envs to envs/ (pyproject's package-dir).
         subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
@@ -62,9 +66,16 @@ def ensure_venv(venv: Path) -> Path:
     return py
 
 
+def _installed(dist: str) -> str:
+    """The version of ``dist`` in agentrl's own environment (both sides play the same env code)."""
+    import importlib.metadata
+
+    return importlib.metadata.version(dist)
+
+
 def venv_versions(py: Path) -> dict[str, str]:
     code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
-            "('trl', 'torch', 'transformers', 'accelerate', 'datasets')}))")
+            "('trl', 'torch', 'transformers', 'accelerate', 'datasets', 'reasoning-gym')}))")
     return json.loads(subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
@@ -230,8 +241,10 @@ def run_trl(task: common.Task, seed: int, run_dir: Path, ws_model: Path, py: Pat
             "train_seeds": common.train_seeds(task, a.heldout, a.max_steps * cfg.manager.num_groups, seed * 100_000),
             "ckpt_every_s": a.trl_ckpt_s, "budget_s": a.budget_s - 20, "episodes_per_step": per_step,
             "group_size": cfg.manager.group_size, "lr": cfg.trainer.optimizer.lr,
-            "temperature": cfg.rollout.temperature, "max_turns": task.max_turns,
-            "max_completion_length": task.max_turns * task.max_tokens_per_turn + 96, "t0": time.time()}
+            "temperature": cfg.rollout.temperature, "max_turns": task.max_turns, "env_id": task.env_id,
+            "env_kwargs": dict(task.env_kwargs), "t0": time.time(),
+            # trl has one budget for the whole completion: every turn's, plus room for the tool results
+            "max_completion_length": task.max_turns * task.max_tokens_per_turn + (96 if task.max_turns > 1 else 0)}
     (run_dir / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = run_for([str(py), str(ROOT / "benchmarks" / "trl_side.py"), str(run_dir / "spec.json")], a.budget_s,

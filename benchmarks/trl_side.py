@@ -1,11 +1,12 @@
-"""The trl side of ``bench_vs_trl.py``: GRPO with trl on agentrl's ToolLookup env, run in the benchmark's own venv.
+"""The trl side of ``bench_vs_trl.py``: GRPO with trl on an agentrl env, run in the benchmark's own venv.
 
 Run by ``bench_vs_trl.py`` (never imported by agentrl; trl is not an agentrl dependency) as
 ``BENCH_VENV/bin/python benchmarks/trl_side.py SPEC.json`` with ``PYTHONPATH`` at the repository root, so that the
 env, its tools and its reward are agentrl's own code. Flow:
 
-    warm-started model (agentrl's warm start) -> GRPOTrainer(environment_factory=ToolLookupTRL, transformers
-    generation on the CPU) -> every ``ckpt_every_s`` seconds of training: save_pretrained(OUT/ckpt/NNNN) with its
+    warm-started model (agentrl's warm start) -> GRPOTrainer(transformers generation on the CPU; a multi-turn task
+    through ``environment_factory=ToolLookupTRL``, a single-turn task through ``SingleTurnReward``, a reward function
+    that plays the completion as the episode's one action) -> every ``ckpt_every_s`` seconds of training: save_pretrained(OUT/ckpt/NNNN) with its
     timestamp in OUT/checkpoints.jsonl -> stop at ``budget_s`` -> OUT/result.json (token counts, generation and
     training times, peak RSS)
 
@@ -75,6 +76,29 @@ class ToolLookupTRL:
         return self.total
 
 
+class SingleTurnReward:
+    """trl's reward function for a one-action agentrl env: the env's reward for the completion played as the only
+    action of the episode of the row's ``seed`` (the env that made the prompt; its own scorer, its own parsing)."""
+
+    __name__ = "env_reward"  # trl logs reward functions by name
+
+    def __init__(self, env_id: str, env_kwargs: dict) -> None:
+        import agentrl
+
+        self.env = agentrl.make(env_id, **env_kwargs)
+
+    def prompt(self, seed: int) -> list[dict]:
+        obs, _ = self.env.reset(seed=int(seed))
+        return [dict(m) for m in obs]
+
+    def __call__(self, completions: list, seed: list, **_: object) -> list[float]:
+        out = []
+        for c, s in zip(completions, seed):
+            self.env.reset(seed=int(s))
+            out.append(float(self.env.step(_final_text(c))[1]))
+        return out
+
+
 def _final_text(completion: object) -> str:
     if isinstance(completion, list):
         last = next((m for m in reversed(completion) if m.get("role") == "assistant"), {})
@@ -114,12 +138,18 @@ def main(spec_path: str) -> None:
     tok.response_template = qwen3_template  # trl parses tool calls only with templates it knows (PLATFORM.md)
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
 
-    from agentrl.envs.tool_lookup import ToolLookupEnv
-
-    probe, rows = ToolLookupEnv(), []
-    for s in spec["train_seeds"]:
-        obs, _ = probe.reset(seed=int(s))
-        rows.append({"prompt": [dict(m) for m in obs], "seed": int(s)})
+    if spec["max_turns"] == 1:  # one action: a plain reward function, no tool loop
+        reward = SingleTurnReward(spec["env_id"], spec.get("env_kwargs", {}))
+        rows = [{"prompt": reward.prompt(s), "seed": int(s)} for s in spec["train_seeds"]]
+        env_kw: dict = {"reward_funcs": [reward]}
+    else:
+        probe = ToolLookupTRL()
+        rows = []
+        for s in spec["train_seeds"]:
+            obs, _ = probe.env.reset(seed=int(s))
+            rows.append({"prompt": [dict(m) for m in obs], "seed": int(s)})
+        env_kw = {"reward_funcs": [episode_reward], "environment_factory": ToolLookupTRL,
+                  "max_tool_calling_iterations": spec["max_turns"] - 1}
     data = Dataset.from_list(rows)
 
     state = {"gen_s": 0.0, "gen_tokens": 0, "trained_tokens": 0, "steps": 0, "step_s": 0.0, "next_ckpt": 0.0,
@@ -165,11 +195,12 @@ def main(spec_path: str) -> None:
         per_device_train_batch_size=spec["episodes_per_step"], num_generations=spec["group_size"],
         learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_steps=100_000, save_strategy="no", logging_steps=1, temperature=spec["temperature"],
-        max_completion_length=spec["max_completion_length"], max_tool_calling_iterations=spec["max_turns"] - 1,
-        beta=0.0, dataloader_num_workers=0,
+        max_completion_length=spec["max_completion_length"], beta=0.0, dataloader_num_workers=0,
+        **({"max_tool_calling_iterations": env_kw.pop("max_tool_calling_iterations")}
+           if "max_tool_calling_iterations" in env_kw else {}),
     )
-    trainer = TimedGRPO(model=model, args=args, processing_class=tok, train_dataset=data,
-                        reward_funcs=[episode_reward], environment_factory=ToolLookupTRL, callbacks=[Clock()])
+    trainer = TimedGRPO(model=model, args=args, processing_class=tok, train_dataset=data, callbacks=[Clock()],
+                        **env_kw)
     save(0)  # the warm start itself, at the time trl is ready to train
     state["next_ckpt"] = time.time() - t_start + spec["ckpt_every_s"]
     trainer.train()

@@ -31,7 +31,12 @@ class Task:
 
 
 TASKS = {
+    # multi-turn tool use: trl reaches the env's tools through its environment_factory
     "tooluse": Task("tooluse", "agentrl/ToolLookup-v0", "configs/tooluse.yaml", max_turns=5, max_tokens_per_turn=32),
+    # single-turn: one question, one answer scored by reasoning-gym (trl: a plain reward function over the env)
+    "family": Task("family", "reasoning_gym/family_relationships", "configs/reasoning_gym.yaml", max_turns=1,
+                   max_tokens_per_turn=12,
+                   env_kwargs={"min_family_size": 3, "max_family_size": 3, "size": 100000, "system_prompt": "none"}),
 }
 
 

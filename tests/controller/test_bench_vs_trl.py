@@ -148,3 +148,35 @@ def test_scorer_plays_distinct_held_out_tasks_with_a_real_model(tiny_model_dir):
     out = common.score(str(tiny_model_dir), str(tiny_model_dir), TOOLUSE, seeds, batch=4)
     assert out["episodes"] == 3.0 and out["distinct_tasks"] == 3.0
     assert 0.0 <= out["success"] <= 1.0 and -1.0 <= out["reward"] <= 1.0
+
+
+def test_every_race_task_plays_the_env_its_agentrl_config_trains_on():
+    from agentrl.controller.config import load_config
+
+    for task in common.TASKS.values():
+        env = load_config(ROOT / task.config).env
+        assert (task.env_id, dict(task.env_kwargs)) == (env.id, dict(env.kwargs)), task.name
+        assert task.max_turns == load_config(ROOT / task.config).rollout.max_turns, task.name
+
+
+def test_trl_single_turn_reward_is_the_agentrl_envs_reward_for_the_same_answer():
+    import agentrl
+
+    task = common.TASKS["family"]
+    reward = trl_side.SingleTurnReward(task.env_id, dict(task.env_kwargs))
+    env = agentrl.make(task.env_id, **task.env_kwargs)
+    seeds = [3, 17, 40, 41]
+    golds, answers = [], []
+    for s in seeds:
+        obs, _ = env.reset(seed=s)
+        assert reward.prompt(s) == [dict(m) for m in obs]  # trl's prompt is the env's first observation
+        golds.append(env.unwrapped.solve(list(obs)))
+    answers = [golds[0], "<answer>nobody</answer>", "no answer block", golds[3]]
+    expected = []
+    for s, a in zip(seeds, answers):
+        env.reset(seed=s)
+        expected.append(env.step(a)[1])
+    # trl hands the completions as conversations (its chat format) and the dataset's seed column as a keyword
+    got = reward([[{"role": "assistant", "content": a}] for a in answers], seed=seeds)
+    assert got == pytest.approx(expected)
+    assert got[0] == got[3] == 1.0 and got[1] < 1.0
