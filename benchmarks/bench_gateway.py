@@ -15,13 +15,15 @@ temperature 1.0, every env turn adding the same short user message.
   whole conversation to the gateway each turn, as harnesses do, in one dialect:
 
   - ``aiohttp``: ``POST /v1/chat/completions`` with a bare aiohttp client, not streamed (the default: what is
-    measured is the gateway itself);
+    measured is the gateway itself); ``aiohttp-messages``, ``aiohttp-responses`` and the ``-stream`` sides of all
+    three (``aiohttp-chat-stream``, ...): the same bare client in the other dialects, the JSON posted and the
+    server-sent events read raw (``--sides bare``: the gateway's own cost per dialect, without an SDK's);
   - ``chat``, ``messages``, ``responses``: chat completions with the ``openai`` client, Anthropic Messages with the
     ``anthropic`` client, OpenAI Responses with the ``openai`` client (``instructions`` + ``input`` items);
   - ``chat-stream``, ``messages-stream``, ``responses-stream``: the same, streamed (``stream=True``, the text read
     from the deltas); the time to the first streamed text delta (TTFT) is reported for these.
 
-  ``--sides dialects`` is the six official-client sides, ``--sides all`` those and ``aiohttp``. One client (one
+  ``--sides dialects`` is the six official-client sides, ``--sides bare`` the six bare ones, ``--sides all`` both. One client (one
   connection pool) per library is shared by all episodes, built before the timed run (building one loads the CA
   bundle, ~0.15 s of CPU). The official clients add their own per-request cost (request-body transformation,
   response models), which a harness using them pays too. The gateway renders, matches the session, samples, parses,
@@ -69,7 +71,10 @@ from agentrl.core import Env
 
 ENV_REPLY = "Lower than 9. 3 guesses left."
 DIALECT_SIDES = ("chat", "chat-stream", "messages", "messages-stream", "responses", "responses-stream")
-SIDES = ("aiohttp",) + DIALECT_SIDES
+# the gateway itself per dialect: bare aiohttp clients that post the dialect's JSON and read its SSE events raw
+BARE_SIDES = ("aiohttp", "aiohttp-chat-stream", "aiohttp-messages", "aiohttp-messages-stream", "aiohttp-responses",
+              "aiohttp-responses-stream")
+SIDES = BARE_SIDES + DIALECT_SIDES
 
 
 def opening(seed: Any) -> list[dict[str, str]]:
@@ -215,13 +220,56 @@ def gc_since(g0: dict) -> dict[str, float]:
 
 
 # -- the harnesses: one user-style loop, one way to ask per side ------------------------------------------------------
-async def ask_aiohttp(http, ctx, msgs, args, stream):
-    body = {"model": ctx.model, "messages": msgs, "max_tokens": args.tokens}
-    async with http.post(ctx.base_url + "/chat/completions", json=body) as resp:
-        r = await resp.json()
-        if resp.status != 200:
-            raise RuntimeError(r)
-    return r["choices"][0]["message"]["content"]
+def _raw_request(dialect: str, ctx, msgs, args) -> tuple[str, dict]:
+    """(path, body) of one request in ``dialect``'s own JSON, as a harness without an SDK sends it."""
+    if dialect == "chat":
+        return "/chat/completions", {"model": ctx.model, "messages": msgs, "max_tokens": args.tokens}
+    if dialect == "messages":
+        return "/messages", {"model": ctx.model, "system": msgs[0]["content"], "messages": msgs[1:],
+                             "max_tokens": args.tokens}
+    return "/responses", {"model": ctx.model, "instructions": msgs[0]["content"], "max_output_tokens": args.tokens,
+                          "input": [{"role": m["role"], "content": m["content"]} for m in msgs[1:]]}
+
+
+def _raw_text(dialect: str, r: dict) -> str:
+    if dialect == "chat":
+        return r["choices"][0]["message"]["content"]
+    if dialect == "messages":
+        return "".join(b.get("text", "") for b in r["content"] if b.get("type") == "text")
+    return "".join(c.get("text", "") for item in r["output"] if item.get("type") == "message"
+                   for c in item["content"] if c.get("type") == "output_text")
+
+
+def _raw_delta(dialect: str, ev: dict) -> str:
+    if dialect == "chat":
+        return "".join((c.get("delta") or {}).get("content") or "" for c in ev.get("choices") or [])
+    if dialect == "messages":
+        d = ev.get("delta") or {}
+        return d.get("text", "") if ev.get("type") == "content_block_delta" and d.get("type") == "text_delta" else ""
+    return ev.get("delta", "") if ev.get("type") == "response.output_text.delta" else ""
+
+
+def ask_raw(dialect: str):
+    async def ask(http, ctx, msgs, args, stream):
+        path, body = _raw_request(dialect, ctx, msgs, args)
+        t0, parts = time.perf_counter(), []
+        async with http.post(ctx.base_url + path, json={**body, "stream": True} if stream else body) as resp:
+            if resp.status != 200 or not stream:
+                r = await resp.json()
+                if resp.status != 200:
+                    raise RuntimeError(r)
+                return _raw_text(dialect, r)
+            async for line in resp.content:  # server-sent events: the JSON of each `data:` line
+                if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                    continue
+                part = _raw_delta(dialect, json.loads(line[5:]))
+                if part:
+                    if not parts:
+                        TTFT.append(time.perf_counter() - t0)
+                    parts.append(part)
+        return "".join(parts)
+
+    return ask
 
 
 async def ask_chat(c, ctx, msgs, args, stream):
@@ -263,7 +311,9 @@ async def _read(request, text_of) -> str:
     return "".join(parts)
 
 
-ASK = {"aiohttp": ask_aiohttp, "chat": ask_chat, "messages": ask_messages, "responses": ask_responses}
+ASK = {"aiohttp": ask_raw("chat"), "aiohttp-chat": ask_raw("chat"), "aiohttp-messages": ask_raw("messages"),
+       "aiohttp-responses": ask_raw("responses"), "chat": ask_chat, "messages": ask_messages,
+       "responses": ask_responses}
 
 
 class SideClient:
@@ -278,12 +328,16 @@ class SideClient:
     def _base(self, url: str) -> str:  # the Anthropic client adds /v1 itself
         return url.removesuffix("/v1") if self.dialect == "messages" else url
 
+    @property
+    def bare(self) -> bool:
+        return self.dialect.startswith("aiohttp")
+
     def open(self, base_url: str) -> None:
         if self.dialect == "messages":
             import anthropic
 
             self.shared = anthropic.AsyncAnthropic(base_url=self._base(base_url), api_key="-", max_retries=0)
-        elif self.dialect != "aiohttp":
+        elif not self.bare:
             import openai
 
             self.shared = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0)
@@ -292,7 +346,9 @@ class SideClient:
         if self.shared is None:
             import aiohttp
 
-            return aiohttp.ClientSession(headers={"Authorization": f"Bearer {ctx.api_key}"})
+            key = {"x-api-key": ctx.api_key} if self.dialect == "aiohttp-messages" else \
+                {"Authorization": f"Bearer {ctx.api_key}"}
+            return aiohttp.ClientSession(headers=key)
         return contextlib.nullcontext(self.shared.with_options(base_url=self._base(ctx.base_url), api_key=ctx.api_key))
 
     async def close(self) -> None:
@@ -437,7 +493,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sides", default="aiohttp",
                    help=f"comma-separated gateway sides among {', '.join(SIDES)}; 'dialects': the official-client "
-                        f"ones; 'all': every side (default: aiohttp, the gateway itself)")
+                        f"ones; 'bare': the bare aiohttp ones (the gateway itself, per dialect); 'all': every side "
+                        f"(default: aiohttp, chat completions)")
     p.add_argument("--engine", choices=("vllm", "instant"), default="vllm",
                    help="instant: no model, tokens returned at once (measures each side's per-turn CPU)")
     p.add_argument("--smoke", action="store_true",
@@ -446,7 +503,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.episodes, args.turns, args.tokens, args.repeats, args.sides = 2, 2, 8, 1, "all"
-    named = {"dialects": DIALECT_SIDES, "all": SIDES}
+    named = {"dialects": DIALECT_SIDES, "bare": BARE_SIDES, "all": SIDES}
     args.sides = named.get(args.sides) or tuple(x.strip() for x in args.sides.split(",") if x.strip())
     unknown = [x for x in args.sides if x not in SIDES]
     if unknown or not args.sides:
