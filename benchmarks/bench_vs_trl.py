@@ -19,8 +19,10 @@ family_relationships):
    (``async_ratio: 0`` for sync, the config's ``async_ratio: 1`` for async), checkpointing every
    ``--ckpt-every`` steps; ``trl_side.py`` in the trl venv, checkpointing every ``--trl-ckpt-s`` seconds. A watcher
    samples the process tree's CPU time, resident memory and the load average every 2 s.
-5. Scoring: every checkpoint of every run, and the warm start (time 0 for all), by ``vs_trl_common.score`` (one
-   greedy scorer for both), after the runs, so scoring never shares the cores with training.
+5. Scoring: the warm start (time 0 for all) and each run's checkpoints on a ``--score-grid-s`` grid of wall time,
+   then, once the threshold is known, more checkpoints bisecting each run's first crossing of it, by
+   ``vs_trl_common.score`` (one greedy scorer for both), after the runs, so scoring never shares the cores with
+   training.
 6. ``OUT/results.json``, ``OUT/vs_trl.png`` (held-out success against wall time) and a markdown table on stdout.
 
 ``--report-only`` redoes 5-6 from the run directories (scores are cached in ``OUT/scores.json``).
@@ -287,12 +289,14 @@ def throughput(mode: str, run_dir: Path) -> dict:
             "trainer_tokens_per_s": trained / max(sum(r["time/train_s"] for r in rows), 1e-9)}
 
 
-def score_all(task: common.Task, out: Path, runs: list[dict], ws_model: Path, seeds: list[int]) -> dict:
-    """Scores the warm start and every checkpoint not yet in ``out/scores.json`` (a cache keyed by model dir)."""
+def score_all(task: common.Task, out: Path, runs: list[dict], ws_model: Path, seeds: list[int],
+              only: list[str] | None = None) -> dict:
+    """Scores the warm start and the checkpoints (all, or those in ``only``) not yet in ``out/scores.json`` (a
+    cache keyed by model dir)."""
     cache_path = out / "scores.json"
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     tok = base_model_dir(task)
-    todo = [str(ws_model)] + [d for r in runs for _, d, _ in r["checkpoints"]]
+    todo = [str(ws_model)] + [d for r in runs for _, d, _ in r["checkpoints"] if only is None or d in only]
     for d in todo:
         if d not in cache:
             t = time.perf_counter()
@@ -393,6 +397,8 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=400, help="agentrl steps (the budget stops it first)")
     p.add_argument("--ckpt-every", type=int, default=5, help="agentrl checkpoint period (steps)")
     p.add_argument("--trl-ckpt-s", type=float, default=30.0, help="trl checkpoint period (seconds)")
+    p.add_argument("--score-grid-s", type=float, default=30.0,
+                   help="score each run's checkpoints this many seconds apart, then bisect to each threshold crossing")
     p.add_argument("--threshold", type=float, default=None,
                    help="held-out success to reach (default: halfway from the warm start to the best run's best)")
     p.add_argument("--venv", type=Path, default=Path.home() / ".cache" / "agentrl" / "bench-trl-venv")
@@ -425,12 +431,23 @@ def main() -> None:
         for r in runs:
             r["checkpoints"] = checkpoints(r["mode"], Path(r["run_dir"]), r["t0"])
             r.update(throughput(r["mode"], Path(r["run_dir"])))
-        scores = score_all(task, out, runs, ws_model, seeds)
+        # scored: each run's checkpoints on a --score-grid-s grid, then, once the threshold is known, bisected
+        # where each run first reached it (common.grid_pick, common.refine_pick)
+        grid = [d for r in runs for d in common.grid_pick(r["checkpoints"], a.score_grid_s)]
+        scores = score_all(task, out, runs, ws_model, seeds, grid)
         ws_score = scores[str(ws_model)]["success"]
-        for r in runs:
-            r["points"] = [(t, scores[d]["success"]) for t, d, _ in r["checkpoints"]]
-        best = max([s for r in runs for _, s in r["points"]] or [ws_score])
+
+        def points(r: dict) -> list[tuple[float, float]]:
+            return [(t, scores[d]["success"]) for t, d, _ in r["checkpoints"] if d in scores]
+
+        best = max([s for r in runs for _, s in points(r)] or [ws_score])
         threshold = a.threshold if a.threshold is not None else common.default_threshold(ws_score, best)
+        for r in runs:
+            while (d := common.refine_pick(r["checkpoints"], {k: v["success"] for k, v in scores.items()},
+                                           threshold)) is not None:
+                scores = score_all(task, out, runs, ws_model, seeds, [d])
+        for r in runs:
+            r["points"] = points(r)
         summary = summarise(runs, ws_score, threshold, a.budget_s)
         summary["heldout"] = {"episodes": len(seeds), "distinct_tasks": distinct,
                               "scored_distinct": scores[str(ws_model)]["distinct_tasks"]}

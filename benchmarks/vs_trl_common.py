@@ -62,7 +62,7 @@ def train_seeds(task: Task, episodes: int, count: int, seed_start: int = 0) -> l
 
 
 # ------------------------------------------------------------------------------------------------------- scorer
-def score(model_dir: str, tokenizer_dir: str, task: Task, seeds: Sequence[int], batch: int = 64) -> dict[str, float]:
+def score(model_dir: str, tokenizer_dir: str, task: Task, seeds: Sequence[int], batch: int = 128) -> dict[str, float]:
     """Plays one greedy episode per seed of ``task`` with the model in ``model_dir`` (HF format; the tokenizer and
     chat template of ``tokenizer_dir``) and returns ``success`` (share of episodes with reward > 0, as agentrl's
     evaluation counts it), mean ``reward``, ``episodes`` and ``distinct_tasks`` (by the env's ``task_key``).
@@ -172,6 +172,42 @@ def mean(values: Sequence[float | None]) -> float | None:
     if not values or any(v is None for v in values):
         return None
     return sum(values) / len(values)  # type: ignore[arg-type]
+
+
+def grid_pick(checkpoints: Sequence[tuple[float, str, int]], grid_s: float) -> list[str]:
+    """The checkpoints scored first: for each multiple of ``grid_s`` seconds, the first checkpoint at or after it,
+    and the last one. Scoring every checkpoint of a fast run (hundreds) would take longer than the race; the same
+    grid for both frameworks keeps their curves equally fine."""
+    cks = sorted(checkpoints, key=lambda c: c[0])
+    if not cks:
+        return []
+    picked, k = [], 1
+    for t, d, _ in cks:
+        if t >= k * grid_s:
+            picked.append(d)
+            k = int(t // grid_s) + 1
+    if cks[-1][1] not in picked:
+        picked.append(cks[-1][1])
+    return picked
+
+
+def refine_pick(checkpoints: Sequence[tuple[float, str, int]], scored: dict[str, float],
+                threshold: float | None) -> str | None:
+    """The next checkpoint to score to find when a run first reached ``threshold``: between the last scored
+    checkpoint below it and the first scored one at or above it (in time order), the middle unscored one (a
+    bisection); None when they are adjacent or the run never reached it."""
+    if threshold is None:
+        return None
+    cks = sorted(checkpoints, key=lambda c: c[0])
+    below = -1
+    for j, (_, d, _) in enumerate(cks):
+        if d not in scored:
+            continue
+        if scored[d] >= threshold:
+            gap = [i for i in range(below + 1, j) if cks[i][1] not in scored]
+            return cks[gap[len(gap) // 2]][1] if gap else None
+        below = j
+    return None
 
 
 def default_threshold(warm_start: float, best: float) -> float | None:

@@ -180,3 +180,20 @@ def test_trl_single_turn_reward_is_the_agentrl_envs_reward_for_the_same_answer()
     got = reward([[{"role": "assistant", "content": a}] for a in answers], seed=seeds)
     assert got == pytest.approx(expected)
     assert got[0] == got[3] == 1.0 and got[1] < 1.0
+
+
+def test_checkpoints_are_scored_on_a_time_grid_then_bisected_at_the_threshold_crossing():
+    cks = [(float(t), f"c{t}", t) for t in range(5, 200, 5)]  # a checkpoint every 5 s
+    grid = common.grid_pick(cks, 30.0)
+    assert grid == ["c30", "c60", "c90", "c120", "c150", "c180", "c195"]  # every 30 s, and the last
+    assert common.grid_pick([(12.0, "a", 1), (75.0, "b", 2)], 30.0) == ["b"]  # one per reached grid point
+    truth = {d: (0.2 if t < 70 else 0.6) for t, d, _ in cks}  # first reached 0.5 at 70 s
+    scored = {d: truth[d] for d in grid}
+    picked = []
+    while (d := common.refine_pick(cks, scored, 0.5)) is not None:
+        picked.append(d)
+        scored[d] = truth[d]
+    assert common.crossing_time([(t, scored[d]) for t, d, _ in cks if d in scored], 0.5) == 70.0
+    assert len(picked) <= 3  # a bisection of the 5 checkpoints between 60 s and 90 s, not all of them
+    assert common.refine_pick(cks, {d: 0.1 for d in grid}, 0.5) is None  # never reached: nothing to refine
+    assert common.refine_pick(cks, scored, None) is None
