@@ -407,9 +407,11 @@ def main() -> None:
     p.add_argument("--report-only", action="store_true")
     a = p.parse_args()
     py = ensure_venv(a.venv)
-    results = {"versions": {"trl_venv": venv_versions(py), "python": sys.version.split()[0]}, "tasks": {},
-               "args": {k: str(v) for k, v in vars(a).items()}}
+    earlier = json.loads((a.out / "results.json").read_text()) if (a.out / "results.json").exists() else {}
+    results = {"versions": {"trl_venv": venv_versions(py), "python": sys.version.split()[0]},
+               "tasks": earlier.get("tasks", {}), "args": {**earlier.get("args", {})}}  # other tasks' results stay
     for name in a.tasks:
+        results["args"][name] = {k: str(v) for k, v in vars(a).items()}
         task, out = common.TASKS[name], a.out / name
         out.mkdir(parents=True, exist_ok=True)
         ws_model = make_warm_start(task, out, a.heldout, a.warm_start)
