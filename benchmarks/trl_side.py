@@ -142,14 +142,15 @@ def main(spec_path: str) -> None:
         reward = SingleTurnReward(spec["env_id"], spec.get("env_kwargs", {}))
         rows = [{"prompt": reward.prompt(s), "seed": int(s)} for s in spec["train_seeds"]]
         env_kw: dict = {"reward_funcs": [reward]}
+        loop_kw: dict = {}
     else:
         probe = ToolLookupTRL()
         rows = []
         for s in spec["train_seeds"]:
             obs, _ = probe.env.reset(seed=int(s))
             rows.append({"prompt": [dict(m) for m in obs], "seed": int(s)})
-        env_kw = {"reward_funcs": [episode_reward], "environment_factory": ToolLookupTRL,
-                  "max_tool_calling_iterations": spec["max_turns"] - 1}
+        env_kw = {"reward_funcs": [episode_reward], "environment_factory": ToolLookupTRL}
+        loop_kw = {"max_tool_calling_iterations": spec["max_turns"] - 1}
     data = Dataset.from_list(rows)
 
     state = {"gen_s": 0.0, "gen_tokens": 0, "trained_tokens": 0, "steps": 0, "step_s": 0.0, "next_ckpt": 0.0,
@@ -196,8 +197,7 @@ def main(spec_path: str) -> None:
         learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_steps=100_000, save_strategy="no", logging_steps=1, temperature=spec["temperature"],
         max_completion_length=spec["max_completion_length"], beta=0.0, dataloader_num_workers=0,
-        **({"max_tool_calling_iterations": env_kw.pop("max_tool_calling_iterations")}
-           if "max_tool_calling_iterations" in env_kw else {}),
+        **loop_kw,
     )
     trainer = TimedGRPO(model=model, args=args, processing_class=tok, train_dataset=data, callbacks=[Clock()],
                         **env_kw)

@@ -87,9 +87,10 @@ class FleetPolicy(Policy):
     """Plays ``meta.task["fault"]`` (None, "kill", "oom", "disk", "hold") on an episode's first attempt, then
     ``steps`` commands and ``echo done``. ``sandboxes`` maps sandbox ids to the pool's sandboxes (the test's or
     benchmark's pool factory fills it) so that ``kill`` can find its victim. ``holding`` is set once ``hold_count``
-    ``hold`` commands run, or as soon as one of those background watches fails (its error is then in ``job_errors``:
-a waiter checks it instead of waiting out its own timeout). ``kills`` counts the kills that landed. ``barrier``: first attempts wait at their first
-    action until that many arrived (the whole fleet alive at once; ``all_up_at`` is when)."""
+    ``hold`` commands run, or as soon as one of those background watches fails (its error is then in
+    ``job_errors``: a waiter checks it instead of waiting out its own timeout). ``kills`` counts the kills that
+    landed. ``barrier``: first attempts wait at their first action until that many arrived (the whole fleet alive
+    at once; ``all_up_at`` is when)."""
 
     def __init__(self, sandboxes: dict[str, Any], steps: int = 2, loop: int = 100, hold_count: int = 0,
                  barrier: int = 0):
