@@ -10,7 +10,9 @@ infrastructure faults the manager must survive, each made to happen, not hoped f
 - ``hold``: the first command blocks (``sleep``) until the test or benchmark kills what it runs on.
 
 Only an episode's first attempt (trajectory id ending in ``.0``) plays its fault; its retries run ``steps`` ordinary
-commands (a shell loop of ``loop`` iterations each, the step's own cost) and end with ``echo done``.
+commands (a shell loop of ``loop`` iterations each, the step's own cost) and end with ``echo done``. ``hold`` is the
+exception: it is played until the task's hold was seen running, so that an attempt lost to an unrelated
+infrastructure failure before that (retried by the manager, as it should be) does not leave the waiter one hold short.
 """
 
 from __future__ import annotations
@@ -87,9 +89,9 @@ class FleetPolicy(Policy):
     """Plays ``meta.task["fault"]`` (None, "kill", "oom", "disk", "hold") on an episode's first attempt, then
     ``steps`` commands and ``echo done``. ``sandboxes`` maps sandbox ids to the pool's sandboxes (the test's or
     benchmark's pool factory fills it) so that ``kill`` can find its victim. ``holding`` is set once ``hold_count``
-    ``hold`` commands run, or as soon as one of those background watches fails (its error is then in
-    ``job_errors``: a waiter checks it instead of waiting out its own timeout). ``kills`` counts the kills that
-    landed. ``barrier``: first attempts wait at their first action until that many arrived (the whole fleet alive
+    tasks' ``hold`` commands were seen running, or as soon as something makes that impossible: a background watch
+    failed, or a hold command returned before it was seen (the error is then in ``job_errors``: a waiter checks it
+    instead of waiting out its own timeout). ``kills`` counts the kills that landed. ``barrier``: first attempts wait at their first action until that many arrived (the whole fleet alive
     at once; ``all_up_at`` is when)."""
 
     def __init__(self, sandboxes: dict[str, Any], steps: int = 2, loop: int = 100, hold_count: int = 0,
@@ -110,6 +112,7 @@ class FleetPolicy(Policy):
         if hold_count == 0:
             self.holding.set()
         self._tasks: set[asyncio.Task] = set()
+        self._held: set[str] = set()  # tasks (trajectory id less its attempt number) whose hold was seen running
         self.job_errors: list[str] = []  # background watches (kill, hold) that failed, with why
         self.current_version = 0  # a training run's driver moves it with the trainer's version
 
@@ -123,16 +126,22 @@ class FleetPolicy(Policy):
     def _job_done(self, t: asyncio.Task) -> None:
         self._tasks.discard(t)
         if not t.cancelled() and t.exception() is not None:
-            self.job_errors.append(f"{type(t.exception()).__name__}: {t.exception()}")
-            self.holding.set()  # wake the waiter now, with the cause, not at its own timeout
+            self._error(f"{type(t.exception()).__name__}: {t.exception()}")
+
+    def _error(self, what: str) -> None:
+        self.job_errors.append(what)
+        self.holding.set()  # wake the waiter now, with the cause, not at its own timeout
 
     async def _kill_when_running(self, sb: Any) -> None:
         await until_running(sb, "fleet-victim")
         kill_from_outside(sb)
         self.kills += 1
 
-    async def _count_hold(self, sb: Any) -> None:
+    async def _count_hold(self, sb: Any, task: str = "") -> None:
         await until_running(sb, "fleet-hold")
+        if task in self._held:
+            return
+        self._held.add(task)
         self.held += 1
         if self.held >= self.hold_count:
             self.holding.set()
@@ -143,8 +152,11 @@ class _FleetSession(PolicySession):
         self.p, self.meta, self.turn = p, meta, 0
         task = meta.task if isinstance(meta.task, dict) else {}
         self.first = meta.trajectory_id.endswith(".0")
-        self.fault = task.get("fault") if self.first else None
+        self.key = meta.trajectory_id.rpartition(".")[0]
+        fault = task.get("fault")
+        self.fault = fault if self.first or (fault == "hold" and self.key not in p._held) else None
         self.sandbox = None
+        self.watch: asyncio.Task | None = None
 
     async def act(self, new_messages: list[dict]) -> Action:
         if self.sandbox is None:
@@ -164,11 +176,20 @@ class _FleetSession(PolicySession):
         if self.turn == 1 and self.fault:
             if self.fault in ("kill", "hold"):
                 assert self.sandbox is not None, "FleetPolicy: the sandbox of this episode is not known"
-                job = self.p._kill_when_running if self.fault == "kill" else self.p._count_hold
-                t = asyncio.ensure_future(job(self.sandbox))
+                job = (self.p._kill_when_running(self.sandbox) if self.fault == "kill"
+                       else self.p._count_hold(self.sandbox, self.key))
+                self.watch = t = asyncio.ensure_future(job)
                 self.p._tasks.add(t)
                 t.add_done_callback(self.p._job_done)
             return Action(FAULTS[self.fault])
+        if self.turn == 2 and self.fault == "hold" and self.key not in self.p._held:
+            said = " ".join(str(x.get("content", "")) for x in new_messages)[-300:]
+            self.p._error(f"{self.meta.trajectory_id}: the hold command returned before it was seen running: {said!r}")
         if self.turn <= self.p.steps:
             return Action(STEP.format(n=self.p.loop, k=self.turn))
         return Action("echo done")
+
+    async def aclose(self) -> None:
+        # an ended attempt's watch would poll a sandbox that is gone until its own timeout
+        if self.watch is not None and not self.watch.done():
+            self.watch.cancel()

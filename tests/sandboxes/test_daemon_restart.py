@@ -5,7 +5,9 @@ Made to happen, in order: every episode's sandbox runs a command (seen running),
 containers die with it); every episode ends as an infrastructure failure named ``sandbox_engine``; only then the
 daemon is started again, and the retries (held at the pool's factory while it is down, so that the order is the
 test's, not the clock's) run in fresh sandboxes on the restarted daemon. Every task is delivered once, nothing of the
-run is left on the daemon or the host, and the driver returns. A second test leaves the daemon down: every episode
+run is left on the daemon or the host, and the driver returns. (An attempt lost before the stop, to a slow exec start
+on a loaded machine, is the manager's ordinary retry: the retry holds in its place, and what the stop causes is
+counted from the moment every task holds.) A second test leaves the daemon down: every episode
 ends failed with that cause after its bounded retries, and the driver returns.
 
 Needs root, ``dockerd`` and the busybox rootfs (``agentrl sandboxes build-image --busybox``): skipped on a developer
@@ -170,6 +172,18 @@ async def until(cond, what: str, timeout: float = 300.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def all_holding(policy: FleetPolicy, m: EnvManager, timeout: float = 300.0) -> None:
+    """Every task's hold command seen running; else the reason (the policy's, or the manager's counts)."""
+    try:
+        await asyncio.wait_for(policy.holding.wait(), timeout)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"{policy.held}/{policy.hold_count} holds seen in {timeout:.0f} s; {m.metrics()}") from None
+    assert policy.job_errors == [], (policy.job_errors, m.metrics())
+
+
+INFRA = ("sandbox_lost", "sandbox_engine", "sandbox_oom", "sandbox_disk")
+
+
 async def test_daemon_restart_mid_run_every_episode_is_retried_and_nothing_is_left(dockerd):
     spec = SandboxSpec(backend="docker", image=BUSYBOX, memory_mb=32, pids=32, ttl_s=600)
     made: dict = {}
@@ -191,12 +205,14 @@ async def test_daemon_restart_mid_run_every_episode_is_retried_and_nothing_is_le
     try:
         async with EnvManager(cfg, policy) as m:
             run = asyncio.ensure_future(m.run_episodes(specs))
-            await asyncio.wait_for(policy.holding.wait(), 300)  # every episode's command is running
-            assert policy.job_errors == []
+            await all_holding(policy, m)  # every task's command is running
+            # an attempt lost before that (a slow exec start on a loaded machine) was retried, as it should be:
+            # what the stop causes is counted from here
+            before = m.metrics()
             engine_up.clear()
             t0 = time.monotonic()
             await asyncio.to_thread(dockerd.stop)
-            await until(lambda: m.counts["failed"] == N, "every episode ended as a failure")
+            await until(lambda: m.counts["failed"] - before["failed"] == N, "every episode ended as a failure")
             failed_s = time.monotonic() - t0
             await asyncio.to_thread(dockerd.start)
             engine_up.set()
@@ -206,9 +222,11 @@ async def test_daemon_restart_mid_run_every_episode_is_retried_and_nothing_is_le
         await pool.close()
     assert failed_s < 60, failed_s
     assert [t.termination for t in trajs] == ["terminated"] * N, [t.error for t in trajs if t.error][:3]
-    assert len({t.id for t in trajs}) == N and all(t.id.endswith(".1") for t in trajs)
-    assert met["failures/sandbox_engine"] == N and met["infra_retried"] == N and met["finished"] == N, met
-    assert len(made) == 2 * N  # every retry in a fresh sandbox, on the restarted daemon
+    assert len({t.id.rpartition(".")[0] for t in trajs}) == N  # every task delivered once, each after a retry:
+    assert all(int(t.id.rpartition(".")[2]) >= 1 for t in trajs), [t.id for t in trajs]
+    assert met["failures/sandbox_engine"] - before.get("failures/sandbox_engine", 0) == N, (before, met)
+    assert met["infra_retried"] == sum(met.get(f"failures/{c}", 0) for c in INFRA) and met["finished"] == N, met
+    assert len(made) == N + met["infra_retried"]  # every retry in a fresh sandbox (after the stop, on the new daemon)
     assert run_containers(dockerd) == []
     assert host_leftovers(made) == []
 
@@ -232,8 +250,7 @@ async def test_daemon_gone_for_good_every_episode_ends_failed_with_its_cause(doc
     try:
         async with EnvManager(cfg, policy) as m:
             run = asyncio.ensure_future(m.run_episodes(specs))
-            await asyncio.wait_for(policy.holding.wait(), 300)
-            assert policy.job_errors == []
+            await all_holding(policy, m)
             await asyncio.to_thread(dockerd.stop)
             trajs = await asyncio.wait_for(run, 300)  # bounded retries, then the driver returns
             met = m.metrics()

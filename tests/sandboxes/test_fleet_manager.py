@@ -135,3 +135,62 @@ async def test_a_failed_background_watch_wakes_the_waiter_with_its_cause():
     t.add_done_callback(policy._job_done)
     await asyncio.wait_for(policy.holding.wait(), 60)
     assert policy.held == 0 and policy.job_errors == ["RuntimeError: engine gone"]
+
+
+class _Unseen:
+    """A sandbox whose processes nobody can see (a bwrap one without a cgroup): a hold watch on it never ends."""
+
+    id, backend, cgroup = "sb-u", "bwrap", None
+
+
+def _session(policy: FleetPolicy, attempt: int):
+    from agentrl.policy import EpisodeMeta
+
+    meta = EpisodeMeta(trajectory_id=f"run-g0.{attempt}", group_id="run-g0", env_id=SHELL, seed=0,
+                       task={"fault": "hold"})
+    return policy.session(meta)
+
+
+async def test_a_hold_command_that_returns_unseen_wakes_the_waiter_and_its_watch_ends_with_the_episode():
+    """The hold command came back (here: the env's 60 s exec timeout) before the watch saw it running: the hold can
+    never be seen now, so ``holding`` is set at once with the episode named, and the episode's end cancels its watch
+    (it would poll a sandbox that is gone until its own timeout)."""
+    policy = FleetPolicy({"sb-u": _Unseen()}, steps=1, hold_count=2)
+    s = _session(policy, 0)
+    assert (await s.act([{"content": "sandbox sb-u, ready"}])).text.startswith("sleep 300")
+    assert not policy.holding.is_set()
+    await s.act([{"content": "timed out after 60 s"}])
+    assert policy.holding.is_set() and len(policy.job_errors) == 1
+    assert "run-g0.0" in policy.job_errors[0] and "timed out after 60 s" in policy.job_errors[0]
+    watch = s.watch
+    await s.aclose()
+    await asyncio.gather(watch, return_exceptions=True)
+    assert watch.cancelled() and len(policy.job_errors) == 1 and not policy._tasks
+
+
+async def test_a_task_whose_first_attempt_was_lost_before_its_hold_was_seen_holds_in_its_retry(monkeypatch):
+    """An unrelated infrastructure failure ended the first attempt before its hold was seen; the manager's retry
+    plays the hold in its place (else the waiter is one hold short for ever). Once a task's hold was seen, its later
+    attempts run ordinary steps."""
+    import agentrl.testing.fleet as fleet
+
+    visible: set[str] = set()
+    monkeypatch.setattr(fleet, "running", lambda sb, needle, seen=None: sb.id in visible)
+
+    class Sb:
+        backend = "bwrap"
+
+        def __init__(self, i):
+            self.id = i
+
+    policy = FleetPolicy({"a": Sb("a"), "b": Sb("b"), "c": Sb("c")}, steps=1, hold_count=1)
+    first = _session(policy, 0)
+    assert (await first.act([{"content": "sandbox a, ready"}])).text.startswith("sleep 300")
+    await first.aclose()  # lost: its sandbox died before the watch saw the hold
+    retry = _session(policy, 1)
+    assert (await retry.act([{"content": "sandbox b, ready"}])).text.startswith("sleep 300")
+    visible.add("b")
+    await asyncio.wait_for(policy.holding.wait(), 60)
+    assert policy.held == 1 and policy.job_errors == []
+    later = _session(policy, 2)
+    assert not (await later.act([{"content": "sandbox c, ready"}])).text.startswith("sleep 300")
