@@ -20,6 +20,7 @@ start and end (timings on a shared machine are noise without it).
     PYTHONPATH=. nice -n 5 .venv/bin/python benchmarks/bench_prefix_tree.py --cases tooluse split harness
     PYTHONPATH=. .venv/bin/python benchmarks/bench_prefix_tree.py --cases harness --prompt 64 --gen 8 --reps 1
     PYTHONPATH=. nice -n 5 .venv/bin/python benchmarks/bench_prefix_tree.py --micro 64 --micro-tokens 8192
+    python benchmarks/bench_prefix_tree.py --device cuda --cases harness --hidden 896 --layers 24 --dtype bfloat16  # GPU
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tiny_qwen2(vocab: int, hidden: int, heads: int, positions: int, seed: int) -> str:
+def _tiny_qwen2(vocab: int, hidden: int, heads: int, positions: int, seed: int, layers: int = 2) -> str:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     d = tempfile.mkdtemp(prefix="bench_prefix_tree_")
     torch.manual_seed(seed)
     Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=2,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=1, head_dim=hidden // heads,
         max_position_embeddings=positions, tie_word_embeddings=True,
     )).save_pretrained(d)
@@ -70,7 +71,8 @@ def harness_batch(args: argparse.Namespace) -> tuple[list, str]:
                 versions=[-1] * len(prompt) + [0] * n, prompt_len=len(prompt), reward=float(g.random() < 0.5),
             ))
         groups.append(Group(id=f"g{gi}", trajectories=trajs))
-    return groups, _tiny_qwen2(1024, 128, 2, args.prompt + 64 + 2 * args.gen + 8, 0)
+    return groups, _tiny_qwen2(1024, args.hidden, max(1, args.hidden // 64), args.prompt + 64 + 2 * args.gen + 8, 0,
+                               args.layers)
 
 
 def tooluse_batch(args: argparse.Namespace) -> tuple[list, str]:
@@ -135,9 +137,9 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
     seqs = [torch.tensor(t.token_ids[a:b]) for gr in groups for t in gr.trajectories for a, b in t.segment_slices()]
     # distinct prefixes of the whole sequences (build_tree drops each sequence's last token: pad one on)
     unique = build_tree([torch.cat([x, x[:1]]) for x in seqs]).num_nodes
-    trainers = {layout: Trainer(TrainerConfig(device="cpu", micro_batch_size=args.micro,
+    trainers = {layout: Trainer(TrainerConfig(device=args.device, micro_batch_size=args.micro,
                                               micro_batch_tokens=args.micro_tokens, prefix_tree=layout == "tree",
-                                              loss=LossConfig(name="decoupled_ppo")), model_dir)
+                                              loss=LossConfig(name="decoupled_ppo"), dtype=args.dtype), model_dir)
                 for layout in ("flat", "tree")}
     metrics = {layout: tr.train_step(groups) for layout, tr in trainers.items()}  # warm-up
     wall: dict[str, list[float]] = {"flat": [], "tree": []}
@@ -162,6 +164,9 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
             "speedup": round(med["flat"] / med["tree"], 2),
             "speedup_cpu": round(statistics.median(cpu["flat"]) / statistics.median(cpu["tree"]), 2),
             "micro_batch_size": args.micro, "micro_batch_tokens": args.micro_tokens,
+            "device": args.device, "dtype": args.dtype,
+            **({"gpu": torch.cuda.get_device_name(), "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)}
+               if args.device == "cuda" else {}),
             "reps": args.reps, "max_param_diff": diff, "torch_threads": torch.get_num_threads(),
             "loadavg_1m_start": round(load0, 1), "loadavg_1m_end": round(os.getloadavg()[0], 1)}
 
@@ -175,6 +180,11 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128, help="harness: generated tokens per sample (+-25%%)")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per layout (interleaved)")
     ap.add_argument("--micro", type=int, default=8, help="micro_batch_size")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the tree layout's flex_attention")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="compute precision (bfloat16: autocast over float32 master weights, the GPU configs' own)")
+    ap.add_argument("--hidden", type=int, default=128, help="harness: the model's hidden size (heads of 64)")
+    ap.add_argument("--layers", type=int, default=2, help="harness: the model's layers")
     ap.add_argument("--micro-tokens", type=int, default=None,
                     help="micro_batch_tokens: the same memory budget for both layouts (flat: padded tokens per "
                          "micro-batch; tree: distinct prefixes), so the tree fits more sequences per micro-batch")
