@@ -84,23 +84,38 @@ class Cgroup:
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs]
 
+    def _make_dirs(self, attempts: int = 5) -> None:
+        """Makes the sandbox's cgroup dirs and their parents. The run's dir is removed by the release of its last
+        sandbox (:meth:`remove`, in another thread), which can fall between its making and the making of the
+        sandbox's dir under it: then both are made again."""
+        for attempt in range(attempts):
+            try:
+                if self.mode == "v2":
+                    d = self.dirs[0]
+                    for parent in (CGROUP_ROOT, CGROUP_ROOT / "agentrl", d.parent):
+                        parent.mkdir(exist_ok=True)
+                        _write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
+                    d.mkdir(exist_ok=True)
+                else:
+                    for d in self.dirs:
+                        d.mkdir(parents=True, exist_ok=True)
+                return
+            except FileNotFoundError:
+                if attempt == attempts - 1:
+                    raise
+
     def create(self, memory_bytes: int, pids: int, cpus: float) -> None:
         period = 100_000
         quota = max(1000, int(cpus * period))
+        self._make_dirs()
         if self.mode == "v2":
             d = self.dirs[0]
-            for parent in (CGROUP_ROOT, CGROUP_ROOT / "agentrl", d.parent):
-                parent.mkdir(exist_ok=True)
-                _write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
-            d.mkdir(exist_ok=True)
             _write(d / "memory.max", str(memory_bytes))
             _write(d / "memory.swap.max", "0", optional=True)
             _write(d / "pids.max", str(pids))
             _write(d / "cpu.max", f"{quota} {period}")
             return
         mem, pid, cpu = self.dirs
-        for d in self.dirs:
-            d.mkdir(parents=True, exist_ok=True)
         _write(mem / "memory.limit_in_bytes", str(memory_bytes))
         _write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes), optional=True)
         _write(pid / "pids.max", str(pids))

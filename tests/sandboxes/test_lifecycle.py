@@ -171,3 +171,39 @@ async def test_bwrap_create_survives_the_run_dir_vanishing_under_it(monkeypatch)
         monkeypatch.setattr(os, "mkdir", real_mkdir)
         assert vanished and (await sb.exec("echo ok")).output.strip() == "ok"
     assert not run_dir.exists()
+
+
+async def test_bwrap_create_survives_the_run_cgroup_vanishing_under_it(monkeypatch):
+    """The run's cgroup dir is removed by the release of its last sandbox (in another thread), which can fall
+    between a new sandbox's making that dir and making its own under it: the new sandbox makes both again instead of
+    failing with ENOENT (seen in a run of ``tests/sandboxes``: ``test_pool_rate_limits_creation[bwrap]``'s create
+    failed on ``/sys/fs/cgroup/memory/agentrl/<run>/<sandbox>``)."""
+    require_backend("bwrap", BUSYBOX)
+    import os
+
+    from agentrl.sandboxes import cgroups, lifecycle
+    from agentrl.sandboxes.bwrap_state import safe_name
+
+    from .conftest import unavailable
+
+    if cgroups.cgroup_mode() == "none":
+        unavailable("no writable cgroup hierarchy: bwrap sandboxes use rlimits here, no cgroup dir to race")
+    monkeypatch.setattr(lifecycle, "_RUN_ID", f"test-cg-vanish-{secrets.token_hex(3)}")
+    real_mkdir, vanished = os.mkdir, []
+
+    def mkdir(path, *a, **k):
+        p = Path(path)
+        run_dir = p.parent
+        if (not vanished and run_dir.parent.name == "agentrl" and run_dir.name == safe_name(lifecycle._RUN_ID)
+                and p.name.startswith("bwrap-") and run_dir.is_dir()
+                and not any(x.is_dir() for x in run_dir.iterdir())):
+            vanished.append(p)
+            os.rmdir(run_dir)  # the release of the run's last other sandbox, between the two mkdirs
+        return real_mkdir(path, *a, **k)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    async with create_sandbox(SandboxSpec(backend="bwrap", image=BUSYBOX, ttl_s=60)) as sb:
+        monkeypatch.setattr(os, "mkdir", real_mkdir)
+        assert vanished and sb.cgroup is not None and all(d.is_dir() for d in sb.cgroup.dirs)
+        assert (await sb.exec("echo ok")).output.strip() == "ok"
+    assert not any(d.exists() for d in sb.cgroup.dirs)
