@@ -73,3 +73,56 @@ def test_a_long_answer_decodes_each_token_a_bounded_number_of_times(tiny_tok):
     # token would be ~len(ids)^2 / 2
     assert decoded[0] <= 16 * len(ids), decoded[0]
     assert turn.sent["content"] == r.decode(ids).strip()  # (the reading trims the lead and holds the tail)
+
+
+def _safe_reference(cut: list[str], hold: list[str], text: str) -> str:
+    """The rule, written the obvious way: cut at the first marker; then hold back the longest tail that is a proper
+    prefix of a held marker (one may be arriving)."""
+    text = text.rstrip("\ufffd")
+    for m in cut:
+        if m in text:
+            text = text[:text.find(m)]
+    end = len(text)
+    for m in hold:
+        for k in range(len(m) - 1, 0, -1):
+            if len(text) >= k and text.endswith(m[:k]):
+                end = min(end, len(text) - k)
+                break
+    return text[:end]
+
+
+def test_the_safe_text_is_the_rule_on_random_texts_and_markers():
+    """``LiveTurn._safe`` runs once per streamed token; its fast tail search gives exactly the rule's text, on
+    texts built from the markers' own characters (so prefixes, overlaps and repeats of markers are common)."""
+    import random
+    from types import SimpleNamespace
+
+    rng = random.Random(0)
+    families = [["<|im_end|>", "<tool_call>"], ["</s>", "<|eot_id|>", "aab"], ["<<", "<|", "x"]]
+    for i in range(3000):
+        cut = families[i % 3]
+        hold = cut + ["<think>", "</think>"]
+        alphabet = "".join(sorted(set("".join(hold)))) + "ab \ufffd"
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+        if rng.random() < 0.5:  # end in a marker's proper prefix
+            m = rng.choice([m for m in hold if len(m) > 1])
+            text += m[:rng.randrange(1, len(m))]
+        turn = SimpleNamespace(cut=cut, hold=hold)
+        assert LiveTurn._safe(turn, text) == _safe_reference(cut, hold, text), (cut, text)
+
+
+def test_bench_stream_reading_runs_against_a_baseline(tmp_path):
+    """The benchmark's A/B mode end to end: a baseline ``live.py`` loaded from a file, interleaved with this one."""
+    import shutil
+    import subprocess
+
+    import agentrl.gateway.live as live
+
+    root = Path(__file__).resolve().parents[2]
+    base = tmp_path / "live_copy.py"
+    shutil.copy(live.__file__, base)
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_stream_reading.py"), "--lengths", "8",
+                          "--repeats", "1", "--baseline", str(base)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = [x for x in out.stdout.splitlines() if x.startswith("| 8 |")]
+    assert len(row) == 1 and row[0].rstrip().endswith("x |"), out.stdout
