@@ -212,7 +212,7 @@ async def test_daemon_restart_mid_run_every_episode_is_retried_and_nothing_is_le
             engine_up.clear()
             t0 = time.monotonic()
             await asyncio.to_thread(dockerd.stop)
-            await until(lambda: m.counts["failed"] - before["failed"] == N, "every episode ended as a failure")
+            await until(lambda: m.counts["failed"] - before["failed"] >= N, "every episode ended as a failure")
             failed_s = time.monotonic() - t0
             await asyncio.to_thread(dockerd.start)
             engine_up.set()
