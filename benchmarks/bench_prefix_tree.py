@@ -20,7 +20,7 @@ start and end (timings on a shared machine are noise without it).
     PYTHONPATH=. nice -n 5 .venv/bin/python benchmarks/bench_prefix_tree.py --cases tooluse split harness
     PYTHONPATH=. .venv/bin/python benchmarks/bench_prefix_tree.py --cases harness --prompt 64 --gen 8 --reps 1
     PYTHONPATH=. nice -n 5 .venv/bin/python benchmarks/bench_prefix_tree.py --micro 64 --micro-tokens 8192
-    python benchmarks/bench_prefix_tree.py --device cuda --cases harness --hidden 896 --layers 24 --dtype bfloat16  # GPU
+    python benchmarks/bench_prefix_tree.py --device cuda --cases harness --hidden 896 --layers 24 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -165,8 +165,8 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
             "speedup_cpu": round(statistics.median(cpu["flat"]) / statistics.median(cpu["tree"]), 2),
             "micro_batch_size": args.micro, "micro_batch_tokens": args.micro_tokens,
             "device": args.device, "dtype": args.dtype,
-            **({"gpu": torch.cuda.get_device_name(), "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)}
-               if args.device == "cuda" else {}),
+            **({"gpu": torch.cuda.get_device_name(),
+                "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)} if args.device == "cuda" else {}),
             "reps": args.reps, "max_param_diff": diff, "torch_threads": torch.get_num_threads(),
             "loadavg_1m_start": round(load0, 1), "loadavg_1m_end": round(os.getloadavg()[0], 1)}
 

@@ -91,8 +91,8 @@ class FleetPolicy(Policy):
     benchmark's pool factory fills it) so that ``kill`` can find its victim. ``holding`` is set once ``hold_count``
     tasks' ``hold`` commands were seen running, or as soon as something makes that impossible: a background watch
     failed, or a hold command returned before it was seen (the error is then in ``job_errors``: a waiter checks it
-    instead of waiting out its own timeout). ``kills`` counts the kills that landed. ``barrier``: first attempts wait at their first action until that many arrived (the whole fleet alive
-    at once; ``all_up_at`` is when)."""
+    instead of waiting out its own timeout). ``kills`` counts the kills that landed. ``barrier``: first attempts
+    wait at their first action until that many arrived (the whole fleet alive at once; ``all_up_at`` is when)."""
 
     def __init__(self, sandboxes: dict[str, Any], steps: int = 2, loop: int = 100, hold_count: int = 0,
                  barrier: int = 0):

@@ -177,7 +177,8 @@ async def all_holding(policy: FleetPolicy, m: EnvManager, timeout: float = 300.0
     try:
         await asyncio.wait_for(policy.holding.wait(), timeout)
     except asyncio.TimeoutError:
-        raise AssertionError(f"{policy.held}/{policy.hold_count} holds seen in {timeout:.0f} s; {m.metrics()}") from None
+        seen = f"{policy.held}/{policy.hold_count} holds seen in {timeout:.0f} s"
+        raise AssertionError(f"{seen}; {m.metrics()}") from None
     assert policy.job_errors == [], (policy.job_errors, m.metrics())
 
 
