@@ -207,3 +207,20 @@ async def test_bwrap_create_survives_the_run_cgroup_vanishing_under_it(monkeypat
         assert vanished and sb.cgroup is not None and all(d.is_dir() for d in sb.cgroup.dirs)
         assert (await sb.exec("echo ok")).output.strip() == "ok"
     assert not any(d.exists() for d in sb.cgroup.dirs)
+
+
+def test_bench_exec_mounts_runs_and_unmounts_what_it_mounted():
+    """``benchmarks/bench_exec_mounts.py`` at a tiny size: a row per point, and none of its mounts left."""
+    require_backend("bwrap", BUSYBOX)
+    import os
+
+    from .conftest import unavailable
+
+    if os.geteuid() != 0:
+        unavailable("the benchmark mounts tmpfs on the host: root only")
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_exec_mounts.py"), "--points", "0", "8",
+                          "--execs", "3", "--image", BUSYBOX], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [x for x in out.stdout.splitlines() if x.startswith("| ") and x[2].isdigit()]
+    assert [r.split("|")[1].strip() for r in rows] == ["0", "8"], out.stdout
+    assert "agentrl-bench-mounts-" not in Path("/proc/self/mounts").read_text()
