@@ -53,6 +53,7 @@ from .base import (
 from .wrappers import TIMEOUT_EXIT, check_timeout, command_string, done_code, wrap_command
 from .bwrap_state import mount_tmpfs, release_state, release_state_mounts, safe_name
 from .cgroups import Cgroup, cgroup_mode, oom_kills
+from .lifecycle import make_under_run_dir
 
 # Slack after the command's end or its timeout for bwrap to exit and its pipes to close.
 EXEC_GRACE_S = 10.0
@@ -160,18 +161,14 @@ class BwrapSandbox(Sandbox):
         auto_sweep(self.backend)
         return self
 
-    def _make_state_dir(self, attempts: int = 5) -> None:
-        """Creates the sandbox's state dir under the run's dir. The run's dir is removed whenever it is empty (by
-        the release of the run's last sandbox, or by a sweep, in other threads or processes), so it can vanish
-        between its creation and the creation of the state dir: then both are made again."""
-        for attempt in range(attempts):
-            try:
-                self.state_dir.parent.mkdir(parents=True, exist_ok=True)
-                self.state_dir.mkdir(exist_ok=False)
-                return
-            except FileNotFoundError:
-                if attempt == attempts - 1:
-                    raise
+    def _make_state_dir(self) -> None:
+        """Makes the sandbox's state dir under the run's dir (which may vanish meanwhile: both made again)."""
+
+        def make() -> None:
+            self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+            self.state_dir.mkdir(exist_ok=False)
+
+        make_under_run_dir(make)
 
     def _create(self) -> None:
         spec = self.spec

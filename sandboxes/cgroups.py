@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .lifecycle import make_under_run_dir
+
 CGROUP_ROOT = Path(os.environ.get("AGENTRL_CGROUP_ROOT", "/sys/fs/cgroup"))
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 
@@ -84,25 +86,21 @@ class Cgroup:
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs]
 
-    def _make_dirs(self, attempts: int = 5) -> None:
-        """Makes the sandbox's cgroup dirs and their parents. The run's dir is removed by the release of its last
-        sandbox (:meth:`remove`, in another thread), which can fall between its making and the making of the
-        sandbox's dir under it: then both are made again."""
-        for attempt in range(attempts):
-            try:
-                if self.mode == "v2":
-                    d = self.dirs[0]
-                    for parent in (CGROUP_ROOT, CGROUP_ROOT / "agentrl", d.parent):
-                        parent.mkdir(exist_ok=True)
-                        _write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
-                    d.mkdir(exist_ok=True)
-                else:
-                    for d in self.dirs:
-                        d.mkdir(parents=True, exist_ok=True)
-                return
-            except FileNotFoundError:
-                if attempt == attempts - 1:
-                    raise
+    def _make_dirs(self) -> None:
+        """Makes the sandbox's cgroup dirs and their parents (the run's dir may vanish meanwhile: made again)."""
+
+        def make() -> None:
+            if self.mode == "v2":
+                d = self.dirs[0]
+                for parent in (CGROUP_ROOT, CGROUP_ROOT / "agentrl", d.parent):
+                    parent.mkdir(exist_ok=True)
+                    _write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
+                d.mkdir(exist_ok=True)
+            else:
+                for d in self.dirs:
+                    d.mkdir(parents=True, exist_ok=True)
+
+        make_under_run_dir(make)
 
     def create(self, memory_bytes: int, pids: int, cpus: float) -> None:
         period = 100_000

@@ -15,7 +15,7 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from .base import Sandbox
@@ -119,6 +119,18 @@ def unregister_live(sb: Sandbox) -> None:
 def state_root() -> Path:
     """Host directory for bwrap sandboxes' work dirs: ``$AGENTRL_SANDBOX_STATE`` or ``/tmp/agentrl-sandboxes``."""
     return Path(os.environ.get("AGENTRL_SANDBOX_STATE", "/tmp/agentrl-sandboxes"))
+
+
+def make_under_run_dir(make: Callable[[], None], attempts: int = 5) -> None:
+    """Runs ``make``, which makes a run's dir (a state dir's, a cgroup's) and a sandbox's dir under it, again when
+    it raises FileNotFoundError: a run's dir is removed whenever it is empty (by the release of the run's last
+    sandbox or by a sweep, in other threads or processes), which can fall between the two."""
+    for attempt in range(attempts):
+        try:
+            return make()
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
 
 
 _EXECUTOR: ThreadPoolExecutor | None = None

@@ -224,3 +224,26 @@ def test_bench_exec_mounts_runs_and_unmounts_what_it_mounted():
     rows = [x for x in out.stdout.splitlines() if x.startswith("| ") and x[2].isdigit()]
     assert [r.split("|")[1].strip() for r in rows] == ["0", "8"], out.stdout
     assert "agentrl-bench-mounts-" not in Path("/proc/self/mounts").read_text()
+
+
+def test_make_under_run_dir_retries_a_vanished_parent_and_gives_up_after_its_attempts():
+    from agentrl.sandboxes.lifecycle import make_under_run_dir
+
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise FileNotFoundError("the run's dir went")
+
+    make_under_run_dir(flaky)
+    assert len(calls) == 3
+    calls.clear()
+
+    def gone():
+        calls.append(1)
+        raise FileNotFoundError("the run's dir went")
+
+    with pytest.raises(FileNotFoundError):
+        make_under_run_dir(gone, attempts=4)
+    assert len(calls) == 4
