@@ -18,7 +18,10 @@ environment in /, so neither the host's PATH nor the driver's cwd shows in /proc
 
 Limits: when the driver is root and cgroups are writable (v1 or v2), a per-sandbox cgroup caps memory (no swap),
 pids and CPU, bwrap runs as a distinct unprivileged host uid per sandbox, and the work dir and /tmp are tmpfs
-mounts of ``workdir_size_mb`` / ``tmp_size_mb`` (unmounted on stop, and by the sweep after a crash). Otherwise
+mounts of ``workdir_size_mb`` / ``tmp_size_mb`` in a mount namespace of the sandbox's own, which every exec enters
+(``nsenter``) before bwrap makes its own: the host's mount table does not grow with the fleet, and the tmpfs goes
+with the sandbox or the driver (:mod:`.bwrap_state`). That namespace is a private copy of the host's mounts when
+the sandbox was made: a host mount made later does not show in it (a ``spec.mounts`` source must exist first). Otherwise
 ``prlimit`` sets RLIMIT_AS (per process) and RLIMIT_NPROC (per uid, hence the distinct uid), there is no CPU cap and
 no disk cap: weaker, and reported in ``BwrapSandbox.limits``.
 """
@@ -51,7 +54,7 @@ from .base import (
     unregister_live,
 )
 from .wrappers import TIMEOUT_EXIT, check_timeout, command_string, done_code, wrap_command
-from .bwrap_state import mount_tmpfs, release_state, release_state_mounts, safe_name
+from .bwrap_state import PrivateMounts, private_tmpfs, release_state, safe_name
 from .cgroups import Cgroup, cgroup_mode, oom_kills
 from .lifecycle import make_under_run_dir
 
@@ -143,6 +146,7 @@ class BwrapSandbox(Sandbox):
         self.limits = "none"
         self.isolation = ""
         self.host_uid: int | None = None
+        self._mounts: PrivateMounts | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
         self._dead: str | None = None
         self._root_args: list[str] = []
@@ -185,11 +189,11 @@ class BwrapSandbox(Sandbox):
             if os.geteuid() == 0:
                 self.host_uid = UID_BASE + secrets.randbelow(UID_SPAN)
                 try:
-                    mount_tmpfs(self.state_dir / "work", spec.workdir_size_mb, 0o755, self.host_uid)
-                    mount_tmpfs(self.state_dir / "tmp", spec.tmp_size_mb, 0o1777, self.host_uid)
+                    self._mounts = private_tmpfs([(self.state_dir / "work", spec.workdir_size_mb, 0o755),
+                                                  (self.state_dir / "tmp", spec.tmp_size_mb, 0o1777)], self.host_uid)
                     disk = "+tmpfs"
                 except OSError:  # no CAP_SYS_ADMIN (a root in a container): host dirs, no disk cap
-                    release_state_mounts(self.state_dir)
+                    pass
                 for sub in ("work", "tmp"):
                     os.chown(self.state_dir / sub, self.host_uid, self.host_uid)
             os.chmod(self.state_dir / "tmp", 0o1777)
@@ -240,6 +244,8 @@ class BwrapSandbox(Sandbox):
         return args
 
     def _cleanup_host(self) -> None:
+        if self._mounts is not None:
+            self._mounts.close()
         if self.cgroup is not None:
             try:
                 self.cgroup.remove()
@@ -301,8 +307,9 @@ class BwrapSandbox(Sandbox):
             bw += ["--seccomp", str(seccomp_fd)]
         return bw
 
-    def _argv(self, inner: list[str], args_fd: int) -> list[str]:
+    def _argv(self, inner: list[str], args_fd: int, ns_fd: int | None) -> list[str]:
         spec = self.spec
+        enter = [_bin("nsenter"), f"--mount=/proc/self/fd/{ns_fd}", "--"] if ns_fd is not None else []
         prefix: list[str] = []
         if self.host_uid is not None:
             prefix = [_bin("setpriv"), f"--reuid={self.host_uid}", f"--regid={self.host_uid}", "--clear-groups"]
@@ -314,7 +321,7 @@ class BwrapSandbox(Sandbox):
             'exit 125; }; shift; n=$((n - 1)); done; unset PWD OLDPWD; exec "$@"'
         )
         procs = self.cgroup.procs_files if self.cgroup else []
-        return [_bin("sh"), "-c", join, "sh", str(len(procs)), *procs, *prefix, _bin("bwrap"), "--args",
+        return [*enter, _bin("sh"), "-c", join, "sh", str(len(procs)), *procs, *prefix, _bin("bwrap"), "--args",
                 str(args_fd), "--", *inner]
 
     async def _run(
@@ -341,7 +348,14 @@ class BwrapSandbox(Sandbox):
             options = self._options(cwd, env, sfd)
             afd = seccomp.memfd(b"".join(a.encode() + b"\0" for a in options), "agentrl-bwrap-args")
             fds.append(afd)
-            argv = self._argv(wrap_command(cmd, new_marker(), "p" if plain else ""), afd)
+            nfd = None
+            if self._mounts is not None:
+                try:
+                    nfd = self._mounts.dup_ns()
+                except OSError as e:
+                    raise SandboxError(f"stopped: {e}", sandbox_id=self.id) from None
+                fds.append(nfd)
+            argv = self._argv(wrap_command(cmd, new_marker(), "p" if plain else ""), afd, nfd)
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
@@ -450,7 +464,12 @@ class BwrapSandbox(Sandbox):
         after = oom_kills(memcg)
         return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,
                           duration=time.monotonic() - t0, oom_killed=ooms is not None and (after or 0) > ooms,
-                          disk_full=full_dirs([self.state_dir / "work", self.state_dir / "tmp"]))
+                          disk_full=self._disk_full())
+
+    def _disk_full(self) -> bool:
+        if self._mounts is not None:
+            return any(blocks and free == 0 for blocks, free in self._mounts.free_blocks())
+        return full_dirs([self.state_dir / "work", self.state_dir / "tmp"])
 
     async def _plain(self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,
                      timeout: float = PLAIN_TIMEOUT_S) -> tuple[int, bytes]:

@@ -25,6 +25,8 @@ from .base import SandboxError, SandboxSpec
 # memfd; docker: the exec's socket and the engine connection it comes from), with room for the driver's own.
 FDS_PER_SANDBOX = 4
 FDS_RESERVED = 64  # the driver's own files, sockets, the event loop
+# Descriptors a live sandbox holds for its whole life: a bwrap sandbox's mount namespace and its two tmpfs roots.
+HELD_FDS = {"bwrap": 3}
 # What a sandbox costs the host outside its own limits, charged in full: a docker container's containerd shim
 # (seen here: 11 threads, ~3 MiB PSS per container, benchmarks/RESULTS-sandboxes.md) and its init + TTL process.
 # A bwrap sandbox's processes all live in its cgroup, so within its spec's limits.
@@ -117,7 +119,8 @@ class HostGuard:
 
     def _cost(self, spec: SandboxSpec) -> tuple[float, float, int]:
         mem, pids = HOST_OVERHEAD.get(spec.backend, (0, 0))
-        return mem + spec.memory_mb / self.overcommit, pids + spec.pids / self.overcommit, FDS_PER_SANDBOX
+        fds = FDS_PER_SANDBOX + HELD_FDS.get(spec.backend, 0)
+        return mem + spec.memory_mb / self.overcommit, pids + spec.pids / self.overcommit, fds
 
     def check(self, spec: SandboxSpec, n: int = 1) -> None:
         """Raise HostCapacityError when ``n`` more sandboxes of ``spec`` would not fit; charge nothing."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.sandboxes import SandboxPool, SandboxSpec
-from agentrl.sandboxes.guards import FDS_PER_SANDBOX, FDS_RESERVED, HostCapacityError, HostGuard, HostLimits, probe_host
+from agentrl.sandboxes.guards import FDS_PER_SANDBOX, FDS_RESERVED, HELD_FDS, HostCapacityError, HostGuard, HostLimits, probe_host
 
 
 class FakeSandbox:
@@ -73,10 +73,14 @@ async def test_pids_guard_names_the_limit_and_overcommit_divides():
 
 
 async def test_fd_guard_names_rlimit():
-    n_ok = (500 - FDS_RESERVED) // FDS_PER_SANDBOX
+    """A bwrap sandbox holds descriptors for its whole life (its mount namespace, its tmpfs roots) besides those of
+    a running command: both are charged."""
+    per = FDS_PER_SANDBOX + HELD_FDS["bwrap"]
+    n_ok = (500 - FDS_RESERVED) // per
     pool, made = pool_on(HostLimits(memory_mb=10**7, pids=10**7, fds=500))
     await pool.prewarm(SPEC, n_ok)
-    with pytest.raises(HostCapacityError, match=r"file descriptors: 110 sandboxes need 504 \(RLIMIT_NOFILE leaves 500\).*ulimit -n") as e:
+    need = FDS_RESERVED + (n_ok + 1) * per
+    with pytest.raises(HostCapacityError, match=rf"file descriptors: {n_ok + 1} sandboxes need {need} \(RLIMIT_NOFILE leaves 500\).*ulimit -n") as e:
         async with pool.acquire(SPEC):
             pass
     assert e.value.limit == "fds" and len(made) == n_ok

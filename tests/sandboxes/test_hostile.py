@@ -164,6 +164,50 @@ async def test_bwrap_workdir_and_tmp_have_disk_limits():
         assert (await sb.exec("rm /workspace/big && echo ok > /workspace/f && cat /workspace/f", timeout=20)).output == "ok\n"
 
 
+async def test_bwrap_disk_caps_stay_out_of_the_hosts_mount_table():
+    """Every bwrap exec copies the mount table it starts from (~14 µs of CPU per mount, bench_exec_mounts.py), so
+    a sandbox's capped work dir and /tmp are mounted in a namespace of its own: the host's table does not grow with
+    the fleet, each sandbox still sees its own tmpfs of its own size, and a full one is still reported."""
+    require_backend("bwrap", BUSYBOX)
+    if os.geteuid() != 0:
+        unavailable("sized tmpfs mounts need root")
+    spec = SandboxSpec(backend="bwrap", image=BUSYBOX, ttl_s=120, workdir_size_mb=2, tmp_size_mb=1, memory_mb=64)
+    async with create_sandbox(spec) as a, create_sandbox(replace(spec, workdir_size_mb=3)) as b:
+        assert a.limits.endswith("+tmpfs") and b.limits.endswith("+tmpfs"), (a.limits, b.limits)
+        assert not _mounts_under(state_root()), _mounts_under(state_root())
+        assert (await a.exec("echo mine > /workspace/f && echo t > /tmp/t", timeout=20)).ok
+        seen = await b.exec("ls -A /workspace /tmp; df -k /workspace | tail -n 1", timeout=20)
+        assert "f" not in seen.output.split() and "t" not in seen.output.split(), seen.output
+        assert seen.output.split()[-5] == str(3 << 10), seen.output
+        full = await a.exec("dd if=/dev/zero of=/workspace/big bs=1M count=8", timeout=60)
+        assert full.exit_code != 0 and full.disk_full, full
+        assert not (await b.exec("true", timeout=20)).disk_full
+        assert not any((a.state_dir / "work").iterdir())  # the host's dir under the mount stays empty
+    assert not a.state_dir.exists() and not _mounts_under(state_root())
+
+
+def test_private_tmpfs_is_released_with_its_descriptors_and_a_failed_mount_names_its_cause(tmp_path):
+    from agentrl.sandboxes.bwrap_state import private_tmpfs
+
+    if os.geteuid() != 0:
+        unavailable("tmpfs mounts need root")
+    open_before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="mount helper failed.*(No such file|does not exist|mount point)"):
+        private_tmpfs([(tmp_path / "missing", 1, 0o755)], 300_001)
+    assert len(os.listdir("/proc/self/fd")) == open_before  # nothing held after a failure
+    (tmp_path / "w").mkdir()
+    m = private_tmpfs([(tmp_path / "w", 2, 0o700)], 300_001)
+    assert len(os.listdir("/proc/self/fd")) == open_before + 2
+    assert m.free_blocks()[0][0] * os.fstatvfs(m.dirs[0]).f_frsize == 2 << 20
+    assert os.fstat(m.dirs[0]).st_uid == 300_001 and not _mounts_under(tmp_path)
+    os.close(m.dup_ns())
+    m.close()
+    m.close()  # twice is fine
+    assert len(os.listdir("/proc/self/fd")) == open_before and m.free_blocks() == []
+    with pytest.raises(OSError, match="released"):
+        m.dup_ns()
+
+
 # (5) bwrap seccomp, userns, secrets, environ ----------------------------------------------------------------------
 async def test_bwrap_has_seccomp_and_no_nested_user_namespaces():
     require_backend("bwrap", BUSYBOX)
