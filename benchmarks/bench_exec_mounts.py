@@ -69,8 +69,9 @@ async def run(points: list[int], execs: int, image: str, live: bool = False) -> 
                        "wall_ms": 1e3 * statistics.median(walls), "cpu_ms": 1e3 * (_cpu() - c0) / execs,
                        "load": os.getloadavg()[0]}
                 rows.append(row)
-                print(f"| {len(others) if live else row['extra_mounts']:,} | {row['host_mounts']:,} | {row['wall_ms']:.1f} "
-                      f"| {row['cpu_ms']:.1f} | {row['load']:.2f} |", flush=True)
+                first = len(others) if live else row["extra_mounts"]
+                print(f"| {first:,} | {row['host_mounts']:,} | {row['wall_ms']:.1f} | {row['cpu_ms']:.1f} "
+                      f"| {row['load']:.2f} |", flush=True)
     finally:
         for o in others:
             await o.stop()

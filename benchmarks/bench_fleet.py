@@ -51,6 +51,12 @@ PREPARE = "mkdir -p src && for i in $(seq 1 64); do echo $i > src/f$i; done"
 SHELL = "agentrl.envs.shell:ShellEnv"
 
 
+def _cpu_split() -> tuple[float, float]:
+    """(this process's CPU, its reaped children's CPU) in seconds."""
+    return tuple(sum(getattr(resource.getrusage(who), f) for f in ("ru_utime", "ru_stime"))
+                 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
 def pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -158,8 +164,10 @@ async def fleet(args, spec: SandboxSpec) -> dict:
         alive = [sb for sb in made.values() if sb.running]
         mem = [x for x in (sandbox_memory(sb) for sb in alive[:: max(1, len(alive) // 64)]) if x is not None]
         steps_at_up = m.counts["env_steps"]
+        cpu_at_up = _cpu_split()
         trajs = await run
         t_last = time.monotonic()
+        cpu_at_end = _cpu_split()
         met = m.metrics()
         failed = list(m.failed)
     await pool.close()
@@ -169,7 +177,8 @@ async def fleet(args, spec: SandboxSpec) -> dict:
               if isinstance(t.info, dict) and t.info.get("sandbox_start_s") is not None]
     lat = list(m._runner.latencies)
     stepping_s = max(1e-9, t_last - t_up)
-    sps = (met["env_steps"] - steps_at_up) / stepping_s
+    n_stepped = max(1, met["env_steps"] - steps_at_up)
+    sps = n_stepped / stepping_s
     cpu = step_cpu_s(args.image, args.step_loop)
     # An episode steps ``--steps`` loops and one ``echo done``: the ideal is the cores over the mean CPU of its
     # steps (counting only the loop's CPU per step overstated the ideal's complement 2x at --steps 1).
@@ -181,6 +190,11 @@ async def fleet(args, spec: SandboxSpec) -> dict:
         "start_p50_s": pct(starts, 0.5), "start_p99_s": pct(starts, 0.99),
         "step_p50_s": pct(lat, 0.5), "step_p99_s": pct(lat, 0.99),
         "steps_per_s": round(sps, 2), "step_cmd_cpu_s": round(cpu, 5),
+        # where the stepping phase's CPU went, per env step: the driver's own Python, and the execs (bwrap / docker
+        # clients and the commands in them; the step commands' own CPU is ``per_step`` of it)
+        "driver_cpu_ms_per_step": round(1e3 * (cpu_at_end[0] - cpu_at_up[0]) / n_stepped, 2),
+        "exec_cpu_ms_per_step": round(1e3 * (cpu_at_end[1] - cpu_at_up[1]) / n_stepped, 2),
+        "step_cmd_cpu_ms_per_step": round(1e3 * per_step, 2),
         "ideal_steps_per_s": round(ideal, 2) if ideal else None,
         "of_ideal": round(sps / ideal, 3) if ideal else None,
         "episodes_completed": len(ok), "episodes_lost": n - len(ok),

@@ -80,7 +80,8 @@ async def test_fd_guard_names_rlimit():
     pool, made = pool_on(HostLimits(memory_mb=10**7, pids=10**7, fds=500))
     await pool.prewarm(SPEC, n_ok)
     need = FDS_RESERVED + (n_ok + 1) * per
-    with pytest.raises(HostCapacityError, match=rf"file descriptors: {n_ok + 1} sandboxes need {need} \(RLIMIT_NOFILE leaves 500\).*ulimit -n") as e:
+    msg = rf"file descriptors: {n_ok + 1} sandboxes need {need} \(RLIMIT_NOFILE leaves 500\).*ulimit -n"
+    with pytest.raises(HostCapacityError, match=msg) as e:
         async with pool.acquire(SPEC):
             pass
     assert e.value.limit == "fds" and len(made) == n_ok
