@@ -215,17 +215,18 @@ async def fleet(args, spec: SandboxSpec) -> dict:
     return out
 
 
-async def snapshot_vs_create(spec: SandboxSpec, iters: int) -> dict:
-    """A rebuild (a fresh sandbox made and prepared) vs a snapshot restore of the prepared state."""
+async def snapshot_vs_create(spec: SandboxSpec, iters: int, prepare: str = PREPARE) -> dict:
+    """A rebuild (a fresh sandbox made and prepared by ``prepare``) vs a snapshot restore of the prepared state.
+    The ratio is the prepare's cost over a reset's: the default prepare is nearly free, a repo's set-up is not."""
     creates, restores = [], []
     for _ in range(iters):
         t0 = time.monotonic()
         sb = await create_sandbox(spec).start()
-        await sb.exec(PREPARE, timeout=60)
+        await sb.exec(prepare, timeout=600)
         creates.append(time.monotonic() - t0)
         await sb.stop()
     async with create_sandbox(spec) as sb:
-        await sb.exec(PREPARE, timeout=60)
+        await sb.exec(prepare, timeout=600)
         snap = await take_snapshot(sb)
         for _ in range(iters):
             await sb.exec("echo dirty > src/f1 && echo x > new", timeout=60)
@@ -256,6 +257,7 @@ async def main() -> None:
     ap.add_argument("--max-execs", type=int, default=None,
                     help="the pool's max_running_execs: commands running at once (others wait; default no limit)")
     ap.add_argument("--snapshot-iters", type=int, default=0)
+    ap.add_argument("--prepare", default=PREPARE, help="the prepared state's set-up command (snapshot comparison)")
     args = ap.parse_args()
     fr = (args.kill_frac, args.oom_frac, args.disk_frac)
     if args.count < 1 or args.steps < 0 or not all(0 <= f <= 1 for f in fr) or sum(fr) > 1:
@@ -267,7 +269,7 @@ async def main() -> None:
     try:
         out["fleet"] = await fleet(args, spec)
         if args.snapshot_iters:
-            out["snapshot"] = await snapshot_vs_create(spec, args.snapshot_iters)
+            out["snapshot"] = await snapshot_vs_create(spec, args.snapshot_iters, args.prepare)
     finally:
         sweep(RUN)
     out["loadavg_after"] = os.getloadavg()

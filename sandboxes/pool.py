@@ -144,6 +144,7 @@ class SandboxPool:
         self._making: dict[str, int] = defaultdict(int)
         self._refill_wake = asyncio.Event()
         self._refill_task: asyncio.Task | None = None
+        self._stops: set[asyncio.Task] = set()  # stops and releases that outlive a cancelled caller
         self._fresh_ready = asyncio.Condition()
         self.refill_error: BaseException | None = None  # the last error of the background refill
         self.stats = PoolStats()
@@ -167,7 +168,7 @@ class SandboxPool:
             try:
                 await restore_snapshot(sb, snapshot)
             except BaseException:
-                await asyncio.shield(self._stop(sb))
+                await self._shielded(self._stop(sb))
                 raise
         return sb
 
@@ -289,8 +290,16 @@ class SandboxPool:
                 if await sb.dead_reason() is None:
                     return sb
                 self.stats.dead_idle += 1
-            await asyncio.shield(self._stop_quietly(sb))
+            await self._shielded(self._stop_quietly(sb))
         return None
+
+    def _shielded(self, coro) -> asyncio.Future:
+        """``coro`` run to its end even when the caller is cancelled (e.g. an env's close timeout while a container
+        is being removed), and awaited by :meth:`close`: a closed pool owns no sandbox."""
+        task = asyncio.ensure_future(coro)
+        self._stops.add(task)
+        task.add_done_callback(self._stops.discard)
+        return asyncio.shield(task)
 
     async def _stop_quietly(self, sb: Sandbox) -> None:
         try:
@@ -338,7 +347,7 @@ class SandboxPool:
                 self._held[key] -= 1
                 try:
                     # Shielded: a cancelled holder must still release its sandbox.
-                    await asyncio.shield(self._release(key, snapshot, sb, keep))
+                    await self._shielded(self._release(key, snapshot, sb, keep))
                 finally:
                     if key in self._targets:  # a fleet target has room for the next episode's sandbox now
                         self._refill_wake.set()
@@ -374,7 +383,8 @@ class SandboxPool:
         return sum(len(v) for v in self._fresh.values())
 
     async def close(self) -> None:
-        """Stop every idle warm sandbox; later acquires fail. Sandboxes still held are stopped on release."""
+        """Stop every idle warm sandbox and wait for the stops under way; later acquires fail. Sandboxes still held
+        are stopped on release."""
         self._closed = True
         if self._refill_task is not None:
             # Not cancelled: a creation cut off half-way could leave its sandbox; each one finishing now sees the
@@ -387,6 +397,8 @@ class SandboxPool:
         self._warm.clear()
         self._fresh.clear()
         await asyncio.gather(*(self._stop(sb) for sb in idle), return_exceptions=True)
+        while self._stops:
+            await asyncio.gather(*self._stops, return_exceptions=True)
 
     async def __aenter__(self) -> "SandboxPool":
         return self
