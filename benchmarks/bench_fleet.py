@@ -140,7 +140,7 @@ async def fleet(args, spec: SandboxSpec) -> dict:
 
     pool = SandboxPool(max_alive=args.count, create_rate=args.create_rate, create_burst=args.create_burst,
                        max_warm=0, guard=HostGuard(overcommit=args.overcommit), factory=factory, run=RUN,
-                       max_running_execs=args.max_execs)
+                       max_running_execs=args.max_execs, max_creating=args.max_creating)
     n = args.count
     faults = faults_for(n, args)
     policy = FleetPolicy(made, steps=args.steps, loop=args.step_loop, barrier=n)
@@ -204,6 +204,7 @@ async def fleet(args, spec: SandboxSpec) -> dict:
         "failures": {k.split("/", 1)[1]: v for k, v in met.items() if k.startswith("failures/")},
         "failures_sample": sorted({(t.error or "")[:160] for t in failed})[:5],
         "warm_hits": pool.stats.warm_hits, "created": pool.stats.created, "stopped": pool.stats.stopped,
+        "create_failures": pool.stats.create_failures, "create_retries": pool.stats.retries,
         "max_running_execs": args.max_execs,
         "peak_running_execs": pool.exec_gate.peak_running if pool.exec_gate is not None else None,
         "sandbox_mem_mean_mb": round(sum(mem) / len(mem) / 2**20, 2) if mem else None,
@@ -256,6 +257,7 @@ async def main() -> None:
     ap.add_argument("--retries", type=int, default=3, help="infra_retries: fresh-sandbox retries after such a failure")
     ap.add_argument("--max-execs", type=int, default=None,
                     help="the pool's max_running_execs: commands running at once (others wait; default no limit)")
+    ap.add_argument("--max-creating", type=int, default=8, help="the pool's max_creating: creations in flight")
     ap.add_argument("--snapshot-iters", type=int, default=0)
     ap.add_argument("--prepare", default=PREPARE, help="the prepared state's set-up command (snapshot comparison)")
     args = ap.parse_args()

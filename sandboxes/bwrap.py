@@ -5,7 +5,8 @@ Design: one bwrap process per exec, all execs of a sandbox sharing its state: a 
 "alive" between execs without any process, and a command's process tree dies with its bwrap (``--unshare-pid``: when
 the namespace's init goes, the kernel kills everything in it; ``--die-with-parent``: when bwrap goes, its sandbox
 goes). The exec wrapper itself is the namespace's init (``--as-pid-1``): bwrap's own reaper init would be orphaned to
-the host's PID 1 at every exec and, where that init reaps lazily, stay charged to the sandbox's pids cgroup. The host enforces the timeout: at the deadline it kills bwrap, which takes the whole PID namespace with it;
+the host's PID 1 at every exec and, where that init reaps lazily, stay charged to the sandbox's pids cgroup. The
+host enforces the timeout: at the deadline it kills bwrap, which takes the whole PID namespace with it;
 nothing inside can stop that.
 
 Isolation per exec: ``--unshare-all`` with a user namespace in which no further one can be made
@@ -21,9 +22,9 @@ pids and CPU, bwrap runs as a distinct unprivileged host uid per sandbox, and th
 mounts of ``workdir_size_mb`` / ``tmp_size_mb`` in a mount namespace of the sandbox's own, which every exec enters
 (``nsenter``) before bwrap makes its own: the host's mount table does not grow with the fleet, and the tmpfs goes
 with the sandbox or the driver (:mod:`.bwrap_state`). That namespace is a private copy of the host's mounts when
-the sandbox was made: a host mount made later does not show in it (a ``spec.mounts`` source must exist first). Otherwise
-``prlimit`` sets RLIMIT_AS (per process) and RLIMIT_NPROC (per uid, hence the distinct uid), there is no CPU cap and
-no disk cap: weaker, and reported in ``BwrapSandbox.limits``.
+the sandbox was made: a filesystem mounted on the host later does not show in it (a ``spec.mounts`` source on one
+must be mounted first). Otherwise ``prlimit`` sets RLIMIT_AS (per process) and RLIMIT_NPROC (per uid, hence the
+distinct uid), there is no CPU cap and no disk cap: weaker, and reported in ``BwrapSandbox.limits``.
 """
 
 from __future__ import annotations

@@ -106,6 +106,9 @@ class SandboxPool:
     max_alive: sandboxes handed out at once (acquire waits beyond that). Warm sandboxes idle in the pool are extra,
         at most ``max_warm`` per spec.
     create_rate / create_burst: token bucket on creations (engines fall over when asked for hundreds at once).
+    max_creating: creations in flight at once; the rest wait in the driver. The bucket paces starts only: an engine
+        slower than the rate (docker: 2.7 containers/s at 1,000 live here) would otherwise pile up creations until the
+        client's timeout, whose retries leave orphan containers behind.
     retries / backoff_s: a create failing with a transient SandboxError is retried after backoff_s·2^k (+ jitter).
     acquire(spec, reuse=True): take a warm sandbox of an equal spec if one is idle (else create), and on release
         reset it (kill its processes, empty work dir and /tmp) and keep it warm instead of destroying it.
@@ -122,9 +125,11 @@ class SandboxPool:
 
     def __init__(self, *, max_alive: int = 64, create_rate: float = 20.0, create_burst: int = 4, retries: int = 3,
                  backoff_s: float = 0.5, max_warm: int = 8, run: str | None = None, factory: Factory | None = None,
-                 guard: HostGuard | None = None, max_running_execs: int | None = None):
+                 guard: HostGuard | None = None, max_running_execs: int | None = None, max_creating: int = 8):
         if max_alive < 1:
             raise ValueError(f"SandboxPool.max_alive must be >= 1, got {max_alive}")
+        if max_creating < 1:
+            raise ValueError(f"SandboxPool.max_creating must be >= 1, got {max_creating}")
         self.max_alive = max_alive
         self.retries = retries
         self.backoff_s = backoff_s
@@ -133,6 +138,7 @@ class SandboxPool:
         self._sem = asyncio.Semaphore(max_alive)
         self.exec_gate = None if max_running_execs is None else ExecGate(max_running_execs)
         self._bucket = TokenBucket(create_rate, create_burst)
+        self._creating = asyncio.Semaphore(max_creating)
         self._warm: dict[str, list[Sandbox]] = defaultdict(list)
         self._factory = factory
         self._closed = False
@@ -182,10 +188,11 @@ class SandboxPool:
                 raise SandboxError("pool is closed")
             self.guard.admit(spec)  # HostCapacityError: nothing was made
             try:
-                if self._factory is not None:
-                    sb = await self._factory(spec)
-                else:
-                    sb = await create_sandbox(spec, run=self.run).start()
+                async with self._creating:
+                    if self._factory is not None:
+                        sb = await self._factory(spec)
+                    else:
+                        sb = await create_sandbox(spec, run=self.run).start()
                 self.stats.created += 1
                 sb.exec_gate = self.exec_gate
                 return sb

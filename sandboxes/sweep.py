@@ -65,7 +65,12 @@ def sweep_docker(
 
     client = docker_client()
     label = f"{LABEL_RUN}={run}" if run else LABEL_RUN
-    for c in client.api.containers(all=True, filters={"label": label}):
+    try:
+        found = client.api.containers(all=True, filters={"label": label})
+    except Exception as e:  # an engine down or overloaded: said, not raised, so the bwrap sweep still runs
+        report.errors.append(f"docker engine: cannot list containers: {type(e).__name__}: {e}")
+        return report
+    for c in found:
         labels = c.get("Labels") or {}
         # "created": between a live driver's create and start calls, not an orphan unless its driver is gone
         if not (run or everything) and not _orphan(
@@ -80,6 +85,8 @@ def sweep_docker(
         except docker.errors.APIError as e:
             if getattr(e.response, "status_code", 0) != 409:  # 409: already being removed
                 report.errors.append(f"{c['Id'][:12]}: {e}")
+        except Exception as e:  # the engine timed out or went away: the next sweep retries this one
+            report.errors.append(f"{c['Id'][:12]}: {type(e).__name__}: {e}")
     return report
 
 

@@ -247,3 +247,42 @@ def test_make_under_run_dir_retries_a_vanished_parent_and_gives_up_after_its_att
     with pytest.raises(FileNotFoundError):
         make_under_run_dir(gone, attempts=4)
     assert len(calls) == 4
+
+
+def test_docker_sweep_reports_an_engine_that_does_not_answer_instead_of_raising(monkeypatch):
+    """A daemon overloaded by 1,500 containers timed out a removal (requests' ReadTimeout, after 120 s) and the
+    sweep CLI died with a traceback, leaving the rest. Each failure is now one error in the report; the sweep goes
+    on, and an engine that cannot even list gives one error naming it."""
+    import requests
+
+    from agentrl.sandboxes import docker_engine
+    from agentrl.sandboxes.sweep import sweep_docker
+
+    removed = []
+
+    class Api:
+        def __init__(self, list_fails=False):
+            self.list_fails = list_fails
+
+        def containers(self, **_):
+            if self.list_fails:
+                raise requests.exceptions.ConnectionError("connection refused")
+            return [{"Id": f"{i:064x}", "State": "running", "Labels": {"agentrl.run": "r", "agentrl.sandbox": f"s{i}"}}
+                    for i in range(3)]
+
+        def remove_container(self, cid, force):
+            if cid.endswith("1"):
+                raise requests.exceptions.ReadTimeout("Read timed out. (read timeout=120)")
+            removed.append(cid)
+
+    class Client:
+        def __init__(self, api):
+            self.api = api
+
+    monkeypatch.setattr(docker_engine, "docker_client", lambda: Client(Api()))
+    report = sweep_docker("r")
+    assert len(removed) == 2 and report.containers == ["r/s0", "r/s2"]
+    assert len(report.errors) == 1 and "ReadTimeout" in report.errors[0] and "read timeout=120" in report.errors[0]
+    monkeypatch.setattr(docker_engine, "docker_client", lambda: Client(Api(list_fails=True)))
+    report = sweep_docker("r")
+    assert report.containers == [] and len(report.errors) == 1 and "docker engine" in report.errors[0]

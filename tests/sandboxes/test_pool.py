@@ -207,3 +207,49 @@ async def test_close_waits_for_a_stop_whose_holder_was_cancelled():
     gate.set()
     await closing
     assert made[0].stopped and pool.stats.stopped == 1 and pool.guard.count == 0
+
+
+async def test_max_creating_bounds_creations_in_flight_and_the_rest_wait():
+    """A token bucket paces the start of creations, not how many are in flight: an engine slower than the rate
+    (docker made 2.7 containers/s at 1,000 live) piles them up until the client's timeout, whose retries leave
+    orphan containers behind (1,572 containers for a fleet of 1,024). ``max_creating`` holds the rest in the driver."""
+    from agentrl.sandboxes import SandboxSpec
+
+    in_flight, peak, started = 0, 0, asyncio.Queue()
+
+    class Box:
+        def __init__(self, spec):
+            self.spec, self.running, self.expires_at = spec, True, None
+
+        async def stop(self):
+            self.running = False
+
+        async def dead_reason(self):
+            return None
+
+    async def factory(spec):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        gate = asyncio.Event()
+        started.put_nowait(gate)
+        await gate.wait()  # the engine still creating it
+        in_flight -= 1
+        return Box(spec)
+
+    pool = SandboxPool(factory=factory, create_rate=1000, create_burst=1000, max_creating=2, max_alive=16)
+    with pytest.raises(ValueError, match="max_creating"):
+        SandboxPool(max_creating=0)
+
+    async def episode() -> None:
+        async with pool.acquire(SandboxSpec(backend="docker")):
+            pass
+
+    eps = [asyncio.create_task(episode()) for _ in range(6)]
+    for _ in range(6):
+        gate = await asyncio.wait_for(started.get(), 30)  # the next creation the pool let in
+        assert in_flight <= 2
+        gate.set()
+    await asyncio.gather(*eps)
+    await pool.close()
+    assert peak == 2 and pool.stats.created == 6
