@@ -310,9 +310,11 @@ class BwrapSandbox(Sandbox):
 
     def _argv(self, inner: list[str], args_fd: int, ns_fd: int | None) -> list[str]:
         spec = self.spec
-        enter = [_bin("nsenter"), f"--mount=/proc/self/fd/{ns_fd}", "--"] if ns_fd is not None else []
         prefix: list[str] = []
-        if self.host_uid is not None:
+        if ns_fd is not None:  # the sandbox's mount namespace and its uid in one exec (-G drops the groups too)
+            prefix = [_bin("nsenter"), f"--mount=/proc/self/fd/{ns_fd}", f"--setuid={self.host_uid}",
+                      f"--setgid={self.host_uid}", "--"]
+        elif self.host_uid is not None:
             prefix = [_bin("setpriv"), f"--reuid={self.host_uid}", f"--regid={self.host_uid}", "--clear-groups"]
         if self.limits.startswith("rlimit"):
             prefix += [_bin("prlimit"), f"--as={spec.memory_mb << 20}", f"--nproc={spec.pids}", "--"]
@@ -322,7 +324,7 @@ class BwrapSandbox(Sandbox):
             'exit 125; }; shift; n=$((n - 1)); done; unset PWD OLDPWD; exec "$@"'
         )
         procs = self.cgroup.procs_files if self.cgroup else []
-        return [*enter, _bin("sh"), "-c", join, "sh", str(len(procs)), *procs, *prefix, _bin("bwrap"), "--args",
+        return [_bin("sh"), "-c", join, "sh", str(len(procs)), *procs, *prefix, _bin("bwrap"), "--args",
                 str(args_fd), "--", *inner]
 
     async def _run(

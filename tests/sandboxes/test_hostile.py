@@ -186,6 +186,32 @@ async def test_bwrap_disk_caps_stay_out_of_the_hosts_mount_table():
     assert not a.state_dir.exists() and not _mounts_under(state_root())
 
 
+async def test_bwrap_commands_run_as_the_sandboxs_own_host_uid_with_no_groups():
+    """Seen from the host, every process of a root driver's sandbox runs as that sandbox's own unprivileged uid
+    and gid with no supplementary group (the exec enters its mount namespace and drops root in one step)."""
+    require_backend("bwrap", BUSYBOX)
+    if os.geteuid() != 0:
+        unavailable("a distinct host uid per sandbox needs a root driver")
+    async with create_sandbox(SandboxSpec(backend="bwrap", image=BUSYBOX, ttl_s=60)) as sb:
+        assert sb.cgroup is not None and sb.host_uid is not None
+        task = asyncio.create_task(sb.exec("until [ -e go ]; do sleep 0.05; done", timeout=120))
+        await until_running(sb, "until [ -e go ]")
+        statuses = []
+        for pid in sb.cgroup.pids():
+            try:
+                statuses.append(Path(f"/proc/{pid}/status").read_text())
+            except OSError:
+                pass  # a short-lived child gone meanwhile
+        assert (await sb.exec("touch go", timeout=20)).ok
+        assert (await task).ok
+        assert statuses
+        for st in statuses:
+            fields = dict(line.split(":", 1) for line in st.splitlines() if ":" in line)
+            assert fields["Uid"].split() == [str(sb.host_uid)] * 4, st
+            assert fields["Gid"].split() == [str(sb.host_uid)] * 4, st
+            assert fields["Groups"].strip() == "", st
+
+
 def test_private_tmpfs_is_released_with_its_descriptors_and_a_failed_mount_names_its_cause(tmp_path):
     from agentrl.sandboxes.bwrap_state import private_tmpfs
 
