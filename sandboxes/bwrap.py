@@ -308,11 +308,11 @@ class BwrapSandbox(Sandbox):
             bw += ["--seccomp", str(seccomp_fd)]
         return bw
 
-    def _argv(self, inner: list[str], args_fd: int, ns_fd: int | None) -> list[str]:
+    def _argv(self, inner: list[str], args_fd: int, ns_path: str | None) -> list[str]:
         spec = self.spec
         prefix: list[str] = []
-        if ns_fd is not None:  # the sandbox's mount namespace and its uid in one exec (-G drops the groups too)
-            prefix = [_bin("nsenter"), f"--mount=/proc/self/fd/{ns_fd}", f"--setuid={self.host_uid}",
+        if ns_path is not None:  # the sandbox's mount namespace and its uid in one exec (-G drops the groups too)
+            prefix = [_bin("nsenter"), f"--mount={ns_path}", f"--setuid={self.host_uid}",
                       f"--setgid={self.host_uid}", "--"]
         elif self.host_uid is not None:
             prefix = [_bin("setpriv"), f"--reuid={self.host_uid}", f"--regid={self.host_uid}", "--clear-groups"]
@@ -327,9 +327,26 @@ class BwrapSandbox(Sandbox):
         return [_bin("sh"), "-c", join, "sh", str(len(procs)), *procs, *prefix, _bin("bwrap"), "--args",
                 str(args_fd), "--", *inner]
 
-    async def _run(
+    async def _run(self, cmd: str, **kw) -> tuple[int, bytes, bool]:
+        """:meth:`_spawn`, holding a descriptor of the sandbox's mount namespace for the exec's life. ``nsenter``
+        opens it through ``/proc/<driver>/fd/``, so no descriptor of it is inherited into the sandbox, and a stop
+        closing the sandbox's own meanwhile cannot hand its number to another's."""
+        self._check_alive()
+        if self._mounts is None:
+            return await self._spawn(cmd, None, **kw)
+        try:
+            nfd = self._mounts.dup_ns()
+        except OSError as e:
+            raise SandboxError(f"stopped: {e}", sandbox_id=self.id) from None
+        try:
+            return await self._spawn(cmd, f"/proc/{os.getpid()}/fd/{nfd}", **kw)
+        finally:
+            os.close(nfd)
+
+    async def _spawn(
         self,
         cmd: str,
+        ns_path: str | None,
         *,
         plain: bool,
         timeout: float,
@@ -338,10 +355,9 @@ class BwrapSandbox(Sandbox):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> tuple[int, bytes, bool]:
-        """Run ``cmd`` under the wrapper in a fresh bwrap; stdout into ``sink``. At ``timeout`` the host kills bwrap
-        and with it the command's PID namespace. Returns (exit code, stderr, timed out). What ``sink`` raises
-        propagates once bwrap is dead."""
-        self._check_alive()
+        """Run ``cmd`` under the wrapper in a fresh bwrap (in the mount namespace at ``ns_path``, if any); stdout
+        into ``sink``. At ``timeout`` the host kills bwrap and with it the command's PID namespace. Returns (exit
+        code, stderr, timed out). What ``sink`` raises propagates once bwrap is dead."""
         program = seccomp.program()
         fds: list[int] = []
         try:
@@ -351,14 +367,7 @@ class BwrapSandbox(Sandbox):
             options = self._options(cwd, env, sfd)
             afd = seccomp.memfd(b"".join(a.encode() + b"\0" for a in options), "agentrl-bwrap-args")
             fds.append(afd)
-            nfd = None
-            if self._mounts is not None:
-                try:
-                    nfd = self._mounts.dup_ns()
-                except OSError as e:
-                    raise SandboxError(f"stopped: {e}", sandbox_id=self.id) from None
-                fds.append(nfd)
-            argv = self._argv(wrap_command(cmd, new_marker(), "p" if plain else ""), afd, nfd)
+            argv = self._argv(wrap_command(cmd, new_marker(), "p" if plain else ""), afd, ns_path)
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,

@@ -27,9 +27,9 @@ MNT_DETACH = 2
 
 
 class PrivateMounts:
-    """A sandbox's tmpfs mounts, made in a mount namespace of its own. ``ns`` is that namespace's descriptor (execs
-    enter it: ``nsenter --mount=/proc/self/fd/N``); ``dirs`` are descriptors of the tmpfs roots, so the host can see
-    their free space though the mounts are not in its namespace. Closing them releases the namespace and the tmpfs
+    """A sandbox's tmpfs mounts, made in a mount namespace of its own. ``ns`` is that namespace's descriptor (an
+    exec enters it through a dup: ``nsenter --mount=/proc/<driver>/fd/N``); ``dirs`` are descriptors of the tmpfs
+    roots, so the host can see their free space though the mounts are not in its namespace. Closing them releases the namespace and the tmpfs
     (once the last process in it is gone)."""
 
     def __init__(self, ns: int, dirs: Sequence[int]):

@@ -212,6 +212,16 @@ async def test_bwrap_commands_run_as_the_sandboxs_own_host_uid_with_no_groups():
             assert fields["Groups"].strip() == "", st
 
 
+async def test_no_namespace_or_driver_descriptor_reaches_a_bwrap_command():
+    """A command sees its stdio (and PID 1, the wrapper, its own pipes) and nothing of the driver's: neither the
+    descriptor an exec enters the sandbox's mount namespace by, nor bwrap's options and seccomp memfds."""
+    require_backend("bwrap", BUSYBOX)
+    async with create_sandbox(SandboxSpec(backend="bwrap", image=BUSYBOX, ttl_s=60)) as sb:
+        for _ in range(2):
+            out = (await sb.exec("ls -l /proc/1/fd/ /proc/self/fd/ 2>/dev/null; true", timeout=20)).output
+            assert "->" in out and "mnt:" not in out and "memfd" not in out and "socket:" not in out, out
+
+
 def test_private_tmpfs_is_released_with_its_descriptors_and_a_failed_mount_names_its_cause(tmp_path):
     from agentrl.sandboxes.bwrap_state import private_tmpfs
 
