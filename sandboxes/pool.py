@@ -95,6 +95,24 @@ class PoolStats:
 Factory = Callable[[SandboxSpec], Awaitable[Sandbox]]
 
 
+class Shielded:
+    """Coroutines run to their end even when their caller is cancelled (an env's close timeout while a container
+    is being removed), and awaited together by :meth:`drain`: a closed pool owns no sandbox."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()
+
+    def run(self, coro) -> asyncio.Future:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return asyncio.shield(task)
+
+    async def drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
 def _key(spec: SandboxSpec, snapshot: Snapshot | None) -> str:
     """Idle sandboxes are interchangeable when their spec and the state in their work dir are."""
     return spec.key() + "|" + (snapshot.key if snapshot is not None else "")
@@ -106,14 +124,12 @@ class SandboxPool:
     max_alive: sandboxes handed out at once (acquire waits beyond that). Warm sandboxes idle in the pool are extra,
         at most ``max_warm`` per spec.
     create_rate / create_burst: token bucket on creations (engines fall over when asked for hundreds at once).
-    max_creating: creations in flight at once; the rest wait in the driver. The bucket paces starts only: an engine
-        slower than the rate (docker: 2.7 containers/s at 1,000 live here) would otherwise pile up creations until the
-        client's timeout, whose retries leave orphan containers behind.
+    max_creating: creations in flight at once, the rest waiting in the driver: the bucket paces starts only, and an
+        engine slower than the rate piles them up until client timeouts, whose retries leave orphan containers.
     retries / backoff_s: a create failing with a transient SandboxError is retried after backoff_s·2^k (+ jitter).
     acquire(spec, reuse=True): take a warm sandbox of an equal spec if one is idle (else create), and on release
         reset it (kill its processes, empty work dir and /tmp) and keep it warm instead of destroying it.
-    Invariant: every sandbox this pool created is stopped by ``close()`` or on release, including when the holder's
-    task is cancelled.
+    Invariant: every sandbox this pool created is stopped by ``close()`` or on release, even a cancelled holder's.
     keep_warm(spec, n): keep ``n`` fresh (never used) sandboxes of ``spec`` ready; ``acquire(spec)`` takes one
         and a background task makes its replacement, through the same token bucket.
     guard: HostGuard charging every live sandbox against the host's memory, PIDs and file descriptors.
@@ -126,10 +142,9 @@ class SandboxPool:
     def __init__(self, *, max_alive: int = 64, create_rate: float = 20.0, create_burst: int = 4, retries: int = 3,
                  backoff_s: float = 0.5, max_warm: int = 8, run: str | None = None, factory: Factory | None = None,
                  guard: HostGuard | None = None, max_running_execs: int | None = None, max_creating: int = 8):
-        if max_alive < 1:
-            raise ValueError(f"SandboxPool.max_alive must be >= 1, got {max_alive}")
-        if max_creating < 1:
-            raise ValueError(f"SandboxPool.max_creating must be >= 1, got {max_creating}")
+        for name, value in (("max_alive", max_alive), ("max_creating", max_creating)):
+            if value < 1:
+                raise ValueError(f"SandboxPool.{name} must be >= 1, got {value}")
         self.max_alive = max_alive
         self.retries = retries
         self.backoff_s = backoff_s
@@ -150,7 +165,7 @@ class SandboxPool:
         self._making: dict[str, int] = defaultdict(int)
         self._refill_wake = asyncio.Event()
         self._refill_task: asyncio.Task | None = None
-        self._stops: set[asyncio.Task] = set()  # stops and releases that outlive a cancelled caller
+        self._stops = Shielded()  # stops and releases that outlive a cancelled caller
         self._fresh_ready = asyncio.Condition()
         self.refill_error: BaseException | None = None  # the last error of the background refill
         self.stats = PoolStats()
@@ -174,7 +189,7 @@ class SandboxPool:
             try:
                 await restore_snapshot(sb, snapshot)
             except BaseException:
-                await self._shielded(self._stop(sb))
+                await self._stops.run(self._stop(sb))
                 raise
         return sb
 
@@ -297,16 +312,8 @@ class SandboxPool:
                 if await sb.dead_reason() is None:
                     return sb
                 self.stats.dead_idle += 1
-            await self._shielded(self._stop_quietly(sb))
+            await self._stops.run(self._stop_quietly(sb))
         return None
-
-    def _shielded(self, coro) -> asyncio.Future:
-        """``coro`` run to its end even when the caller is cancelled (e.g. an env's close timeout while a container
-        is being removed), and awaited by :meth:`close`: a closed pool owns no sandbox."""
-        task = asyncio.ensure_future(coro)
-        self._stops.add(task)
-        task.add_done_callback(self._stops.discard)
-        return asyncio.shield(task)
 
     async def _stop_quietly(self, sb: Sandbox) -> None:
         try:
@@ -354,7 +361,7 @@ class SandboxPool:
                 self._held[key] -= 1
                 try:
                     # Shielded: a cancelled holder must still release its sandbox.
-                    await self._shielded(self._release(key, snapshot, sb, keep))
+                    await self._stops.run(self._release(key, snapshot, sb, keep))
                 finally:
                     if key in self._targets:  # a fleet target has room for the next episode's sandbox now
                         self._refill_wake.set()
@@ -404,8 +411,7 @@ class SandboxPool:
         self._warm.clear()
         self._fresh.clear()
         await asyncio.gather(*(self._stop(sb) for sb in idle), return_exceptions=True)
-        while self._stops:
-            await asyncio.gather(*self._stops, return_exceptions=True)
+        await self._stops.drain()
 
     async def __aenter__(self) -> "SandboxPool":
         return self
