@@ -53,6 +53,9 @@ class PrivateDockerd:
                      "--bridge=none", "--iptables=false", "--ip6tables=false", "--shutdown-timeout", "2",
                      "--containerd-namespace", tag, "--containerd-plugins-namespace", f"{tag}-p"]
 
+    def log_tail(self, n: int = 3000) -> str:
+        return (self.dir / "dockerd.log").read_bytes()[-n:].decode(errors="replace")
+
     def answering(self) -> bool:
         import docker
 
@@ -71,9 +74,29 @@ class PrivateDockerd:
         while not self.answering():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                tail = (self.dir / "dockerd.log").read_bytes()[-3000:].decode(errors="replace")
-                raise RuntimeError(f"private dockerd did not answer within {wait_s:.0f}s:\n{tail}")
+                raise RuntimeError(f"private dockerd did not answer within {wait_s:.0f}s:\n{self.log_tail()}")
             time.sleep(0.1)
+
+    def runs_containers(self, wait_s: float = 120.0) -> None:
+        """Waits until the daemon runs a container of the test's image: answering its API is not enough (its
+        containerd may still be starting, or be restarted by the daemon's health check on a loaded machine, and
+        every create fails meanwhile); else RuntimeError with the last error and the log's tail."""
+        import docker
+
+        deadline = time.monotonic() + wait_s
+        client = docker.DockerClient(base_url=self.host, timeout=60)
+        try:
+            while True:
+                try:
+                    client.containers.run(BUSYBOX, ["true"], entrypoint=[""], remove=True, network_mode="none")
+                    return
+                except Exception as e:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"private dockerd ran no container within {wait_s:.0f}s: "
+                                           f"{type(e).__name__}: {e}\n{self.log_tail()}") from e
+                    time.sleep(0.5)
+        finally:
+            client.close()
 
     def stop(self) -> None:
         """SIGTERM (what ``systemctl restart docker`` sends), then wait for the daemon to exit."""
@@ -135,6 +158,7 @@ def dockerd(monkeypatch):
         from agentrl.sandboxes.build import import_rootfs
 
         import_rootfs(rootfs_path(BUSYBOX), BUSYBOX, log=lambda *_: None)
+        d.runs_containers()
         yield d
     finally:
         client = docker_engine._CLIENT
@@ -172,14 +196,26 @@ async def until(cond, what: str, timeout: float = 300.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def all_holding(policy: FleetPolicy, m: EnvManager, timeout: float = 300.0) -> None:
-    """Every task's hold command seen running; else the reason (the policy's, or the manager's counts)."""
+async def all_holding(policy: FleetPolicy, m: EnvManager, run: asyncio.Future, dockerd: PrivateDockerd,
+                      timeout: float = 300.0) -> None:
+    """Every task's hold command seen running; else the reason: the policy's, the manager's counts, the errors of
+    a run that ended first (every attempt failed), and the daemon's last log lines."""
+    held = asyncio.ensure_future(policy.holding.wait())
     try:
-        await asyncio.wait_for(policy.holding.wait(), timeout)
-    except asyncio.TimeoutError:
-        seen = f"{policy.held}/{policy.hold_count} holds seen in {timeout:.0f} s"
-        raise AssertionError(f"{seen}; {m.metrics()}") from None
-    assert policy.job_errors == [], (policy.job_errors, m.metrics())
+        await asyncio.wait([held, run], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        held.cancel()
+    if policy.holding.is_set():
+        assert policy.job_errors == [], (policy.job_errors, m.metrics())
+        return
+    seen = f"{policy.held}/{policy.hold_count} holds seen"
+    if run.done():
+        errors = [t.error for t in run.result() if t.error] if run.exception() is None else [repr(run.exception())]
+        kinds = sorted({e.splitlines()[0] for e in errors})
+        seen += f"; the run ended first, its errors: {kinds[:5]}; the first in full:\n{errors[0] if errors else ''}"
+    else:
+        seen += f" in {timeout:.0f} s"
+    raise AssertionError(f"{seen}; {m.metrics()}; dockerd log:\n{dockerd.log_tail()}")
 
 
 INFRA = ("sandbox_lost", "sandbox_engine", "sandbox_oom", "sandbox_disk")
@@ -197,7 +233,8 @@ async def test_daemon_restart_mid_run_every_episode_is_retried_and_nothing_is_le
         made[sb.id] = sb
         return sb
 
-    pool = SandboxPool(factory=factory, max_alive=N, create_rate=50, create_burst=N)
+    # retries: a create that fails on a loaded machine before the stop is not what this test is about
+    pool = SandboxPool(factory=factory, max_alive=N, create_rate=50, create_burst=N, retries=6)
     policy = FleetPolicy(made, steps=1, hold_count=N)
     specs = [EpisodeSpec(SHELL, {"pool": pool, "spec": spec}, seed=i, task={"fault": "hold", "expect": "done"})
              for i in range(N)]
@@ -206,7 +243,7 @@ async def test_daemon_restart_mid_run_every_episode_is_retried_and_nothing_is_le
     try:
         async with EnvManager(cfg, policy) as m:
             run = asyncio.ensure_future(m.run_episodes(specs))
-            await all_holding(policy, m)  # every task's command is running
+            await all_holding(policy, m, run, dockerd)  # every task's command is running
             # an attempt lost before that (a slow exec start on a loaded machine) was retried, as it should be:
             # what the stop causes is counted from here
             before = m.metrics()
@@ -216,6 +253,7 @@ async def test_daemon_restart_mid_run_every_episode_is_retried_and_nothing_is_le
             await until(lambda: m.counts["failed"] - before["failed"] >= N, "every episode ended as a failure")
             failed_s = time.monotonic() - t0
             await asyncio.to_thread(dockerd.start)
+            await asyncio.to_thread(dockerd.runs_containers)
             engine_up.set()
             trajs = await asyncio.wait_for(run, 600)  # the driver never hangs
             met = m.metrics()
@@ -251,7 +289,7 @@ async def test_daemon_gone_for_good_every_episode_ends_failed_with_its_cause(doc
     try:
         async with EnvManager(cfg, policy) as m:
             run = asyncio.ensure_future(m.run_episodes(specs))
-            await all_holding(policy, m)
+            await all_holding(policy, m, run, dockerd)
             await asyncio.to_thread(dockerd.stop)
             trajs = await asyncio.wait_for(run, 300)  # bounded retries, then the driver returns
             met = m.metrics()
