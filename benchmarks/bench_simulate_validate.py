@@ -16,7 +16,8 @@ Phases (each writes under ``--out``):
    b real`` with every coefficient >= 0 (:func:`fit_trainer`, at prediction time) (the trainer pads each micro-batch to its longest row; its log-prob head sees real positions only).
    Contention (the 2 cores are shared): the manager's rollout of 64 zero-latency episodes of the benchmark's env,
    timed alone and while the trainer trains, and a trainer step timed alone and during that rollout (the driver's
-   agent loops compete for the cores too, which a bare decode loop leaves out).
+   agent loops compete for the cores too, which a bare decode loop leaves out). The driver's own CPU per turn
+   (:func:`measure_driver`, no model) is recorded too: 0.5 ms here, too little to be a cost of its own.
 2. ``real.json``: ``benchmarks/bench_schedulers.py`` for ``--variants`` (its run dirs keep each run's
    ``trajectories.jsonl``).
 3. the table: each variant simulated with the calibration, the benchmark's env latency (lognormal, median
@@ -25,8 +26,9 @@ Phases (each writes under ``--out``):
    simulated seconds per step against the real mean ``time/step_s``.
 
 The machine is shared: the load average is recorded at every phase; calibrate right before the real runs.
-Results (RESULTS-simulate.md), sync / alpha2 / stream / tail, 14 steps per variant: +2 / +8 / -21 / +10 %: the
-streamed variant is underpredicted in every calibration.
+Results (RESULTS-simulate.md), sync / alpha2 / stream / tail, 14 steps per variant: +2 / +8 / -21 / +10 % while
+the simulated trainer ran the streamed steps' queued ``accumulate`` calls side by side; +2 / +12 / -15 / +10 % once
+they run one at a time, as on the real actor.
 """
 
 from __future__ import annotations
@@ -214,6 +216,7 @@ async def calibrate(model: str, reps: int, max_turns: int) -> dict:
             t_during = med([await step(big) for _ in range(reps)])
             stop.set()
             await bg
+        out["driver"] = await measure_driver(cfg, max_turns, reps)
         out["contention"] = {"rollout_alone_s": alone, "rollout_during_training_s": during,
                              "slowdown_while_training": max(1.0, during / alone),
                              "trainer_step_alone_s": t_big, "trainer_step_during_rollout_s": t_during,
@@ -224,6 +227,41 @@ async def calibrate(model: str, reps: int, max_turns: int) -> dict:
         ray.shutdown()
     out["load_end"] = _load()
     return out
+
+
+async def measure_driver(cfg, max_turns: int, reps: int) -> dict:
+    """The driver's own CPU per agent-loop turn: the manager plays 64 zero-latency episodes of the benchmark's env
+    through the real agent loop against an engine that answers at once (``bench_gateway.InstantEngine``: no model,
+    so what is left is rendering, tokenising, parsing, the manager and the env); this process's CPU time over the
+    turns played, the median of ``reps``."""
+    import agentrl
+    from agentrl.agent.loop import AgentLoopPolicy
+    from agentrl.controller.run import run_tokenizer
+    from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_gateway import InstantEngine
+    from bench_schedulers import ENV_ID, LatencyFrozenLake
+
+    if ENV_ID not in agentrl.registered_ids():
+        agentrl.register(ENV_ID, entry_point=LatencyFrozenLake, max_episode_steps=max_turns)
+    tok = run_tokenizer(cfg.engine)
+    rcfg = dataclasses.replace(cfg.rollout, max_turns=max_turns)
+    policy = AgentLoopPolicy(InstantEngine(tok, cfg.engine.max_model_len), tok, rcfg)
+    mcfg = ManagerConfig.of(dataclasses.replace(cfg.manager, workers=0, max_turns=max_turns))
+    seeds = iter(range(2 * 10**6, 3 * 10**6))
+    per_turn, turns = [], 0
+    async with EnvManager(mcfg, policy) as mgr:
+        for rep in range(reps + 1):  # the first warms up
+            specs = [EpisodeSpec(ENV_ID, env_kwargs={"latency_s": 0.0}, seed=next(seeds)) for _ in range(64)]
+            c0 = time.process_time()
+            trajs = await mgr.run_episodes(specs)
+            cpu = time.process_time() - c0
+            turns = sum(t.num_turns for t in trajs)
+            if rep:
+                per_turn.append(cpu / max(1, turns))
+    print(f"driver CPU per turn: {[round(1e3 * x, 3) for x in per_turn]} ms ({turns} turns a rollout)", flush=True)
+    return {"turn_s": statistics.median(per_turn), "turns_per_rollout": turns}
 
 
 def _shape(trajs_path: Path) -> tuple[int, int]:

@@ -93,23 +93,36 @@ class TrainerModel:
 
 
 class _Call:
-    def __init__(self, fn: Any) -> None:
-        self.remote = fn
+    """A remote method of the simulated trainer actor: like a Ray actor's (one thread), a call runs once every call
+    made before it ended, however many its callers have in flight (the streamed steps send ``accumulate`` per group
+    without waiting); ``remote()`` submits it at once and returns the awaitable of its result."""
+
+    def __init__(self, fn: Any, thread: asyncio.Lock) -> None:
+        self.fn, self.thread = fn, thread
+
+    def remote(self, *a: Any, **kw: Any) -> "asyncio.Future[Any]":
+        async def run() -> Any:
+            async with self.thread:  # FIFO: tasks start, and so queue, in the order they were made
+                return await self.fn(*a, **kw)
+
+        return asyncio.ensure_future(run())
 
 
 class SimTrainer:
-    """The trainer actor's remote-call surface, costing :class:`TrainerModel` time per step. ``engine``: the
-    :class:`SimEngine` it shares devices with (slowdowns, exclusive co-location); ``staleness``: trained trajectories
-    by their oldest generated token's age in versions."""
+    """The trainer actor's remote-call surface, costing :class:`TrainerModel` time per step; its calls run one at a
+    time, in the order they were made (:class:`_Call`). ``engine``: the :class:`SimEngine` it shares devices with
+    (slowdowns, exclusive co-location); ``staleness``: trained trajectories by their oldest generated token's age in
+    versions."""
 
     def __init__(self, model: TrainerModel, engine: SimEngine | None = None) -> None:
         self.model, self.engine, self.version, self.busy_s = model, engine, 0, 0.0
         self.staleness: dict[int, int] = {}
         self.tokens = 0
         self._open: list[Any] | None = None
+        thread = asyncio.Lock()
         for name in ("train_step", "start_step", "accumulate", "finish_step", "abort_step",
                      "state_dict_for_inference", "save_checkpoint", "take_logprob_records"):
-            setattr(self, name, _Call(getattr(self, "_" + name)))
+            setattr(self, name, _Call(getattr(self, "_" + name), thread))
 
     async def _cost(self, groups: list[Any], overhead: float = 0.0) -> None:
         lengths = [len(t.token_ids) for g in groups for t in g.trajectories]
