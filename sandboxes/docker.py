@@ -29,7 +29,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .base import (
     LABEL_DRIVER,
@@ -162,15 +162,13 @@ class DockerSandbox(Sandbox):
                 sandbox_id=self.id,
             ) from e
         except Exception as e:
+            _remove_quietly(api, self.name)  # the engine may have made it and its answer come too late
             raise SandboxError(f"container create failed: {e}", sandbox_id=self.id, transient=_is_transient(e)) from e
         try:
             api.start(cid)
             self.init_pid = int(api.inspect_container(cid)["State"].get("Pid") or 0)
         except Exception as e:
-            try:  # auto_remove only removes a container that ran
-                api.remove_container(cid, force=True)
-            except Exception:
-                pass
+            _remove_quietly(api, cid)  # auto_remove only removes a container that ran
             raise SandboxError(f"container start failed: {e}", sandbox_id=self.id, transient=_is_transient(e)) from e
         self.container_id = cid
         self.started_at = time.time()
@@ -500,6 +498,15 @@ class DockerSandbox(Sandbox):
         # Fallback: as the sandbox user, kill every process it may signal (init and TTL have another uid).
         self._run("kill -KILL -1 2>/dev/null; command -v ipcrm >/dev/null && ipcrm --all 2>/dev/null; true",
                   plain=True, timeout=60, sink=lambda _: None)
+
+
+def _remove_quietly(api: Any, ref: str) -> None:
+    """Removes container ``ref`` (id or name) if it exists; what fails here (an engine down or slow, a create that
+    lands after this) the sweep's grace for "created" containers removes later (:data:`.sweep.CREATED_GRACE_S`)."""
+    try:
+        api.remove_container(ref, force=True)
+    except Exception:
+        pass
 
 
 def _warn_fallback() -> None:

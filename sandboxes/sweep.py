@@ -46,6 +46,11 @@ def _driver_gone(tag: str) -> bool:
         return False
 
 
+# A live driver starts its container right after creating it (a create's client timeout is 120 s): a container still
+# "created" this long after was abandoned, by a create whose answer was lost or a start whose removal failed too.
+CREATED_GRACE_S = 300.0
+
+
 def _orphan(expires: str | None, driver: str | None, running: bool = True) -> bool:
     """Whether a sandbox is left over: ended, past its expiry, or its driver (on this host) is gone."""
     if not running:
@@ -72,8 +77,10 @@ def sweep_docker(
         return report
     for c in found:
         labels = c.get("Labels") or {}
-        # "created": between a live driver's create and start calls, not an orphan unless its driver is gone
-        if not (run or everything) and not _orphan(
+        # "created": between a live driver's create and start calls, not an orphan unless its driver is gone or it
+        # has waited past the grace
+        abandoned = c.get("State") == "created" and time.time() - float(c.get("Created") or 0) > CREATED_GRACE_S
+        if not (run or everything or abandoned) and not _orphan(
             labels.get(LABEL_EXPIRES), labels.get(LABEL_DRIVER), c.get("State") not in ("exited", "dead")
         ):
             continue

@@ -146,6 +146,57 @@ async def test_sweep_without_run_removes_only_orphans(monkeypatch):
         sweep(run)
 
 
+async def test_a_docker_create_whose_answer_timed_out_after_the_engine_made_the_container_leaves_none(monkeypatch):
+    """A loaded engine can make the container and answer after the client's timeout: the failed create must not
+    leave it behind (seen at 1,024 docker sandboxes: "Created" containers of a live driver, kept until their TTL)."""
+    require_backend("docker", BUSYBOX)
+    import docker
+    import requests
+
+    from agentrl.sandboxes import SandboxError
+    from agentrl.sandboxes.docker import docker_client
+
+    real = docker.api.client.APIClient.create_container
+
+    def late(self, *a, **k):
+        real(self, *a, **k)
+        raise requests.exceptions.ReadTimeout("read timed out (the engine made it; its answer came too late)")
+
+    monkeypatch.setattr(docker.api.client.APIClient, "create_container", late)
+    sb = create_sandbox(SandboxSpec(backend="docker", image=BUSYBOX, ttl_s=120))
+    with pytest.raises(SandboxError, match="create failed") as e:
+        await sb.start()
+    assert e.value.transient  # the pool retries it, in a sandbox of its own
+    assert docker_client().api.containers(all=True, filters={"name": sb.name}) == []
+
+
+def test_sweep_removes_a_container_left_created_past_the_grace_even_of_a_live_driver(monkeypatch):
+    """A live driver starts its container right after creating it: one still "created" long after was abandoned
+    (its create's answer lost, or its start failed and so did the removal), and goes with the next sweep."""
+    require_backend("docker", BUSYBOX)
+    import importlib
+
+    from agentrl.sandboxes.base import LABEL_DRIVER, LABEL_EXPIRES, LABEL_SANDBOX
+    from agentrl.sandboxes.docker import docker_client
+    from agentrl.sandboxes.lifecycle import driver_tag
+
+    sweep_mod = importlib.import_module("agentrl.sandboxes.sweep")
+    run = f"test-created-{secrets.token_hex(3)}"
+    labels = {LABEL_RUN: run, LABEL_SANDBOX: "abandoned", LABEL_EXPIRES: str(int(time.time()) + 600),
+              LABEL_DRIVER: driver_tag()}
+    api = docker_client().api
+    api.create_container(BUSYBOX, command=["sleep", "60"], labels=labels)
+    try:
+        sweep()
+        assert [c["State"] for c in _containers(run)] == ["created"]  # within the grace: a create under way
+        monkeypatch.setattr(sweep_mod, "CREATED_GRACE_S", 0.0)
+        report = sweep()
+        assert f"{run}/abandoned" in report.containers, report
+        assert _containers(run) == []
+    finally:
+        sweep(run)
+
+
 async def test_bwrap_create_survives_the_run_dir_vanishing_under_it(monkeypatch):
     """The run's state dir is removed whenever it is empty (the release of its last sandbox, or a sweep, in another
     thread or process): a sandbox being created at that moment makes it again instead of failing with ENOENT (seen
