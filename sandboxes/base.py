@@ -507,10 +507,9 @@ def _untar(tar_path: Path, dest: Path) -> None:
             tar.extractall(dest)
 
 
-def full_dirs(host_paths: Sequence[str | os.PathLike | int]) -> bool:
-    """True when one of a sandbox's size-capped dirs (work dir, /tmp), seen from the host by path or by an open
-    descriptor, has no free block left: the sandbox hit its disk limit (the cause of a command's ENOSPC).
-    Unreadable paths count as not full."""
+def full_dirs(host_paths: Sequence[str | os.PathLike]) -> bool:
+    """True when one of a sandbox's size-capped dirs (work dir, /tmp), seen from the host, has no free block left:
+    the sandbox hit its disk limit (the cause of a command's ENOSPC). Unreadable paths count as not full."""
     for p in host_paths:
         try:
             st = os.statvfs(p)

@@ -480,7 +480,7 @@ class BwrapSandbox(Sandbox):
 
     def _disk_full(self) -> bool:
         if self._mounts is not None:
-            return self._mounts.full()
+            return any(blocks and free == 0 for blocks, free in self._mounts.free_blocks())
         return full_dirs([self.state_dir / "work", self.state_dir / "tmp"])
 
     async def _plain(self, cmd: str, *, stdin: bytes | None = None, sink: Callable[[bytes], None] | None = None,

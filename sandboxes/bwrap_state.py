@@ -44,12 +44,12 @@ class PrivateMounts:
                 raise OSError(errno.EBADF, "the sandbox's mount namespace was released")
             return os.dup(self.ns)
 
-    def full(self) -> bool:
-        """Whether a tmpfs has no free block left (:func:`~.base.full_dirs`); False once closed."""
-        from .base import full_dirs
-
-        with self._lock:  # a closed descriptor's number may be reused: read them only while held
-            return self.ns is not None and full_dirs(self.dirs)
+    def free_blocks(self) -> list[tuple[int, int]]:
+        """(blocks, available blocks) of each tmpfs; [] once closed."""
+        with self._lock:
+            if self.ns is None:
+                return []
+            return [(st.f_blocks, st.f_bavail) for st in map(os.fstatvfs, self.dirs)]
 
     def close(self) -> None:
         with self._lock:
