@@ -19,7 +19,9 @@ count / 0 / 0), failures per cause, env steps/s over the stepping phase vs the i
 CPU time of an episode's step commands, the loops and the ``echo``, run on the host with the image's busybox), step latency percentiles, driver peak
 RSS and per-episode driver memory, mean per-sandbox memory (its memory cgroup, sampled when the fleet is up), the
 driver's exit after the last result, and after the pool is closed the run's leftovers (containers, state dirs,
-cgroups: must be 0). ``--snapshot-iters``: p50 of a rebuild (fresh create + prepare) vs a snapshot restore of the
+cgroups: must be 0). ``--restart-daemon`` (docker): the machine's dockerd is restarted once the fleet is up; every
+episode in flight then fails as ``sandbox_engine``, and its retries wait in the pool for the engine to answer again.
+``--snapshot-iters``: p50 of a rebuild (fresh create + prepare) vs a snapshot restore of the
 prepared work dir, and their ratio. Prints one JSON object.
 
 Timings are only meaningful on a quiet machine; the load average is printed beside them.
@@ -33,9 +35,11 @@ import json
 import os
 import resource
 import secrets
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 RUN = os.environ.setdefault("AGENTRL_RUN_ID", f"bench-fleet-{os.getpid()}-{secrets.token_hex(3)}")
 os.environ.setdefault("AGENTRL_SANDBOX_THREADS", "2600")
@@ -116,6 +120,35 @@ def sandbox_memory(sb) -> int | None:
     return None
 
 
+def restart_dockerd(log: str = "/var/log/agentrl-dockerd.log") -> dict:
+    """The machine's dockerd restarted as ``systemctl restart docker`` would: SIGTERM (its containers die with it),
+    wait for it to exit, start it again with the same command line. Seconds to its exit and to its first answer."""
+    from agentrl.sandboxes.docker_engine import engine_answers
+
+    pids = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
+    if len(pids) != 1:
+        raise SystemExit(f"--restart-daemon needs exactly one dockerd running, found pids {pids}")
+    pid = int(pids[0])
+    argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+
+    def gone() -> bool:  # a zombie counts as gone (its parent may reap late)
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    while not gone():
+        time.sleep(0.1)
+    stopped = time.monotonic() - t0
+    subprocess.Popen(argv, stdout=open(log, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                     start_new_session=True)
+    while not engine_answers():
+        time.sleep(0.2)
+    return {"daemon_stop_s": round(stopped, 2), "daemon_down_s": round(time.monotonic() - t0, 2)}
+
+
 def faults_for(count: int, args) -> dict[int, str]:
     """Spread each fault's share over the fleet (by index, interleaved)."""
     out: dict[int, str] = {}
@@ -159,6 +192,8 @@ async def fleet(args, spec: SandboxSpec) -> dict:
         run = asyncio.ensure_future(m.run_episodes(specs))
         await asyncio.wait([run, asyncio.ensure_future(policy.all_up.wait())], return_when=asyncio.FIRST_COMPLETED)
         t_up = policy.all_up_at or time.monotonic()
+        if args.restart_daemon:  # every episode's first step is running in its container
+            out.update(await asyncio.to_thread(restart_dockerd))
         if not args.no_warm:  # the fleet is up and no new episode will start: retries are made on demand
             await pool.keep_warm(spec, 0, fleet=True)
         alive = [sb for sb in made.values() if sb.running]
@@ -258,12 +293,16 @@ async def main() -> None:
     ap.add_argument("--max-execs", type=int, default=None,
                     help="the pool's max_running_execs: commands running at once (others wait; default no limit)")
     ap.add_argument("--max-creating", type=int, default=8, help="the pool's max_creating: creations in flight")
+    ap.add_argument("--restart-daemon", action="store_true",
+                    help="docker: restart the machine's dockerd once the fleet is up (its containers die with it)")
     ap.add_argument("--snapshot-iters", type=int, default=0)
     ap.add_argument("--prepare", default=PREPARE, help="the prepared state's set-up command (snapshot comparison)")
     args = ap.parse_args()
     fr = (args.kill_frac, args.oom_frac, args.disk_frac)
     if args.count < 1 or args.steps < 0 or not all(0 <= f <= 1 for f in fr) or sum(fr) > 1:
         ap.error("--count must be >= 1, --steps >= 0, the fault shares within [0, 1] and at most 1 together")
+    if args.restart_daemon and args.backend != "docker":
+        ap.error("--restart-daemon restarts the docker daemon: it needs --backend docker")
     spec = SandboxSpec(backend=args.backend, image=args.image, memory_mb=args.memory_mb, pids=args.pids,
                        ttl_s=3600, workdir_size_mb=4, tmp_size_mb=4)
     out = {"backend": args.backend, "count": args.count, "steps": args.steps, "step_loop": args.step_loop,

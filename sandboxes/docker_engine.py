@@ -33,6 +33,21 @@ def docker_available() -> tuple[bool, str]:
         return False, f"{type(e).__name__}: {e}"
 
 
+def engine_answers(timeout_s: float = 5.0) -> bool:
+    """Whether the engine at DOCKER_HOST answers a ping within ``timeout_s`` (a client of its own: the process-wide
+    one waits up to 120 s on an engine that accepts and hangs)."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=timeout_s)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # any failure means "not answering"
+        return False
+
+
 def _is_transient(e: Exception) -> bool:
     import docker
     import requests

@@ -8,9 +8,15 @@ the raise site is found out here: a docker sandbox whose engine no longer answer
 (``sandbox_engine``: a daemon restart or crash); any other dead sandbox was lost (``sandbox_lost``). A refusal by
 the host guard (:class:`~.guards.HostCapacityError`) and a read over its own ``max_bytes``
 (:class:`~.base.FileTooLarge`) are not infrastructure failures: a fresh sandbox would meet them again.
+
+A sandbox pool's creation that fails while its engine does not answer waits for the engine (:func:`engine_back`,
+bounded, one watcher per backend however many wait) instead of spending its retries on a daemon that restarts.
 """
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 from .base import ExecResult, FileTooLarge, SandboxError, to_thread
 from .guards import HostCapacityError
@@ -28,17 +34,59 @@ def check_limits(res: ExecResult, sandbox_id: str = "") -> ExecResult:
     return res
 
 
+# One watcher per event loop and backend polls an engine that does not answer, however many creations wait for it
+# (a daemon restart under a fleet of 1,024 would otherwise be pinged 1,024 times a second).
+_WATCHERS: dict[tuple[int, str], asyncio.Task] = {}
+
+
+async def engine_down(backend: str) -> bool:
+    """Whether ``backend``'s engine does not answer now (docker: its daemon; bwrap has no engine). While a watcher
+    polls it (:func:`engine_back`), it is down without asking."""
+    if backend != "docker":
+        return False
+    if (id(asyncio.get_running_loop()), backend) in _WATCHERS:
+        return True
+    from .docker_engine import engine_answers
+
+    return not await to_thread(engine_answers)
+
+
+async def _until_up(backend: str, deadline: float, poll_s: float) -> bool:
+    from .docker_engine import engine_answers
+
+    while not await to_thread(engine_answers):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        await asyncio.sleep(min(poll_s, left))
+    return True
+
+
+async def engine_back(backend: str, deadline: float, poll_s: float = 1.0) -> bool:
+    """Waits until ``backend``'s engine answers again or ``time.monotonic()`` passes ``deadline``; whether it
+    answers. The waiters share one watcher, which ends with the deadline of the waiter that started it (a later
+    waiter then starts the next)."""
+    if backend != "docker":
+        return True
+    key = (id(asyncio.get_running_loop()), backend)
+    while (left := deadline - time.monotonic()) > 0:
+        watcher = _WATCHERS.get(key)
+        if watcher is None:
+            watcher = _WATCHERS[key] = asyncio.ensure_future(_until_up(backend, deadline, poll_s))
+            watcher.add_done_callback(lambda t, key=key: _WATCHERS.pop(key, None) if _WATCHERS.get(key) is t else None)
+        try:
+            if await asyncio.wait_for(asyncio.shield(watcher), left):
+                return True
+        except asyncio.TimeoutError:
+            return False
+        # that watcher gave up at its own, earlier deadline: watch again until this one's
+    return False
+
+
 async def infra_error(err: SandboxError, backend: str) -> SandboxError:
     """``err`` with its ``failure_cause`` set when it is an infrastructure failure (left None otherwise, see the
     module docstring); ``backend`` is the failed sandbox's ("docker" asks whether its engine still answers)."""
     if err.failure_cause is not None or isinstance(err, (HostCapacityError, FileTooLarge)):
         return err
-    cause = "sandbox_lost"
-    if backend == "docker":
-        from .docker_engine import docker_available
-
-        ok, _ = await to_thread(docker_available)
-        if not ok:
-            cause = "sandbox_engine"
-    err.failure_cause = cause
+    err.failure_cause = "sandbox_engine" if await engine_down(backend) else "sandbox_lost"
     return err

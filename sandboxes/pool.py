@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 from .base import Sandbox, SandboxError, SandboxSpec
+from .faults import engine_back, engine_down
 from .guards import HostGuard
 from .snapshot import Snapshot, restore_snapshot
 from .sweep import SweepReport, auto_sweep, merge
@@ -113,6 +114,62 @@ class Shielded:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+class Creator:
+    """Makes a pool's sandboxes: paced by a token bucket (``create_rate`` / ``create_burst``), at most
+    ``max_creating`` in flight (the rest wait in the driver), each charged to the host ``guard`` before it is made.
+    A transient failure is retried after backoff_s·2^k (+ jitter), up to ``retries`` times; one met while the
+    backend's engine does not answer (a docker daemon restarting) first waits up to ``engine_wait_s`` for it to
+    answer again, and that costs no retry. Counts go to ``stats``; ``closed`` refuses new creations."""
+
+    def __init__(self, *, create_rate: float, create_burst: int, max_creating: int, retries: int, backoff_s: float,
+                 engine_wait_s: float, run: str | None, factory: Factory | None, guard: HostGuard, stats: PoolStats):
+        if max_creating < 1:
+            raise ValueError(f"SandboxPool.max_creating must be >= 1, got {max_creating}")
+        for name, value in (("retries", retries), ("backoff_s", backoff_s), ("engine_wait_s", engine_wait_s)):
+            if value < 0:
+                raise ValueError(f"SandboxPool.{name} must be >= 0, got {value}")
+        self.retries, self.backoff_s, self.engine_wait_s = retries, backoff_s, engine_wait_s
+        self.run, self.factory, self.guard, self.stats = run, factory, guard, stats
+        self.bucket = TokenBucket(create_rate, create_burst)
+        self.in_flight = asyncio.Semaphore(max_creating)
+        self.closed = False
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        from .factory import create_sandbox
+
+        attempt = 0
+        engine_deadline: float | None = None
+        while True:
+            await self.bucket.acquire()
+            if self.closed:
+                raise SandboxError("pool is closed")
+            self.guard.admit(spec)  # HostCapacityError: nothing was made
+            try:
+                async with self.in_flight:
+                    if self.factory is not None:
+                        sb = await self.factory(spec)
+                    else:
+                        sb = await create_sandbox(spec, run=self.run).start()
+                self.stats.created += 1
+                return sb
+            except BaseException as e:
+                self.guard.release(spec)
+                if not isinstance(e, SandboxError):
+                    raise
+                self.stats.create_failures += 1
+                if e.transient and await engine_down(spec.backend):
+                    if engine_deadline is None:
+                        engine_deadline = time.monotonic() + self.engine_wait_s
+                    if await engine_back(spec.backend, engine_deadline):
+                        continue
+                if not e.transient or attempt >= self.retries:
+                    raise
+                delay = self.backoff_s * (2**attempt) * (1 + 0.25 * random.random())
+                attempt += 1
+                self.stats.retries += 1
+                await asyncio.sleep(delay)
+
+
 def _key(spec: SandboxSpec, snapshot: Snapshot | None) -> str:
     """Idle sandboxes are interchangeable when their spec and the state in their work dir are."""
     return spec.key() + "|" + (snapshot.key if snapshot is not None else "")
@@ -127,6 +184,7 @@ class SandboxPool:
     max_creating: creations in flight at once, the rest waiting in the driver: the bucket paces starts only, and an
         engine slower than the rate piles them up until client timeouts, whose retries leave orphan containers.
     retries / backoff_s: a create failing with a transient SandboxError is retried after backoff_s·2^k (+ jitter).
+    engine_wait_s: a create failing while its engine does not answer waits this long for it first (:class:`Creator`).
     acquire(spec, reuse=True): take a warm sandbox of an equal spec if one is idle (else create), and on release
         reset it (kill its processes, empty work dir and /tmp) and keep it warm instead of destroying it.
     Invariant: every sandbox this pool created is stopped by ``close()`` or on release, even a cancelled holder's.
@@ -141,21 +199,16 @@ class SandboxPool:
 
     def __init__(self, *, max_alive: int = 64, create_rate: float = 20.0, create_burst: int = 4, retries: int = 3,
                  backoff_s: float = 0.5, max_warm: int = 8, run: str | None = None, factory: Factory | None = None,
-                 guard: HostGuard | None = None, max_running_execs: int | None = None, max_creating: int = 8):
-        for name, value in (("max_alive", max_alive), ("max_creating", max_creating)):
-            if value < 1:
-                raise ValueError(f"SandboxPool.{name} must be >= 1, got {value}")
+                 guard: HostGuard | None = None, max_running_execs: int | None = None, max_creating: int = 8,
+                 engine_wait_s: float = 120.0):
+        if max_alive < 1:
+            raise ValueError(f"SandboxPool.max_alive must be >= 1, got {max_alive}")
         self.max_alive = max_alive
-        self.retries = retries
-        self.backoff_s = backoff_s
         self.max_warm = max_warm
         self.run = run
         self._sem = asyncio.Semaphore(max_alive)
         self.exec_gate = None if max_running_execs is None else ExecGate(max_running_execs)
-        self._bucket = TokenBucket(create_rate, create_burst)
-        self._creating = asyncio.Semaphore(max_creating)
         self._warm: dict[str, list[Sandbox]] = defaultdict(list)
-        self._factory = factory
         self._closed = False
         self._sweeps: dict[str, asyncio.Future] = {}
         self.guard = guard if guard is not None else HostGuard()
@@ -169,6 +222,9 @@ class SandboxPool:
         self._fresh_ready = asyncio.Condition()
         self.refill_error: BaseException | None = None  # the last error of the background refill
         self.stats = PoolStats()
+        self._creator = Creator(create_rate=create_rate, create_burst=create_burst, max_creating=max_creating,
+                                retries=retries, backoff_s=backoff_s, engine_wait_s=engine_wait_s, run=run,
+                                factory=factory, guard=self.guard, stats=self.stats)
 
     def _sweep_once(self, backend: str) -> None:
         if backend not in self._sweeps:
@@ -194,34 +250,9 @@ class SandboxPool:
         return sb
 
     async def _create(self, spec: SandboxSpec) -> Sandbox:
-        from .factory import create_sandbox
-
-        attempt = 0
-        while True:
-            await self._bucket.acquire()
-            if self._closed:
-                raise SandboxError("pool is closed")
-            self.guard.admit(spec)  # HostCapacityError: nothing was made
-            try:
-                async with self._creating:
-                    if self._factory is not None:
-                        sb = await self._factory(spec)
-                    else:
-                        sb = await create_sandbox(spec, run=self.run).start()
-                self.stats.created += 1
-                sb.exec_gate = self.exec_gate
-                return sb
-            except BaseException as e:
-                self.guard.release(spec)
-                if not isinstance(e, SandboxError):
-                    raise
-                self.stats.create_failures += 1
-                if not e.transient or attempt >= self.retries:
-                    raise
-                delay = self.backoff_s * (2**attempt) * (1 + 0.25 * random.random())
-                attempt += 1
-                self.stats.retries += 1
-                await asyncio.sleep(delay)
+        sb = await self._creator.create(spec)
+        sb.exec_gate = self.exec_gate
+        return sb
 
     async def prewarm(self, spec: SandboxSpec, n: int) -> None:
         """Create ``n`` sandboxes of ``spec`` and keep them idle for ``acquire(spec, reuse=True)``."""
@@ -399,7 +430,7 @@ class SandboxPool:
     async def close(self) -> None:
         """Stop every idle warm sandbox and wait for the stops under way; later acquires fail. Sandboxes still held
         are stopped on release."""
-        self._closed = True
+        self._closed = self._creator.closed = True
         if self._refill_task is not None:
             # Not cancelled: a creation cut off half-way could leave its sandbox; each one finishing now sees the
             # pool closed and stops what it made.

@@ -280,7 +280,9 @@ async def test_daemon_gone_for_good_every_episode_ends_failed_with_its_cause(doc
         return sb
 
     n = N // 2
-    pool = SandboxPool(factory=factory, max_alive=n, create_rate=50, create_burst=n, retries=1, backoff_s=0.05)
+    # engine_wait_s: each create waits this long for the engine before its retries (120 s by default)
+    pool = SandboxPool(factory=factory, max_alive=n, create_rate=50, create_burst=n, retries=1, backoff_s=0.05,
+                       engine_wait_s=1.0)
     policy = FleetPolicy(made, steps=1, hold_count=n)
     specs = [EpisodeSpec(SHELL, {"pool": pool, "spec": spec}, seed=i, task={"fault": "hold", "expect": "done"})
              for i in range(n)]

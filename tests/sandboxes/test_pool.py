@@ -253,3 +253,73 @@ async def test_max_creating_bounds_creations_in_flight_and_the_rest_wait():
     await asyncio.gather(*eps)
     await pool.close()
     assert peak == 2 and pool.stats.created == 6
+
+
+def _engine(monkeypatch):
+    """The docker engine's answer, scripted: down until ``up`` is set; ``asked`` once something asked while down."""
+    import threading
+
+    from agentrl.sandboxes import docker_engine
+
+    up, asked = threading.Event(), threading.Event()
+
+    def answers(timeout_s: float = 5.0) -> bool:
+        if not up.is_set():
+            asked.set()
+        return up.is_set()
+
+    monkeypatch.setattr(docker_engine, "engine_answers", answers)
+    return up, asked
+
+
+def _creator(factory, stats, **kw):
+    from agentrl.sandboxes.guards import HostGuard
+    from agentrl.sandboxes.pool import Creator
+
+    args = dict(create_rate=1000, create_burst=100, max_creating=4, retries=2, backoff_s=0.01, engine_wait_s=60.0,
+                run=None, factory=factory, guard=HostGuard(), stats=stats)
+    return Creator(**{**args, **kw})
+
+
+async def test_a_create_failing_while_its_engine_is_down_waits_for_the_engine_and_spends_no_retry(monkeypatch):
+    """A docker daemon restarting mid-run: the creations that meet it wait for it instead of spending their
+    retries in seconds (and their episodes' infra retries after them)."""
+    from agentrl.sandboxes import SandboxSpec
+    from agentrl.sandboxes.pool import PoolStats
+
+    up, asked = _engine(monkeypatch)
+    calls = []
+
+    async def factory(spec):
+        calls.append(up.is_set())
+        if not up.is_set():
+            raise SandboxError("docker engine unreachable (injected)", transient=True, cause="sandbox_engine")
+        return object()
+
+    stats = PoolStats()
+    creator = _creator(factory, stats)
+    made = asyncio.ensure_future(creator.create(SandboxSpec(backend="docker", image="agentrl-busybox:latest")))
+    assert await asyncio.to_thread(asked.wait, 30)  # the creator saw the engine down and is waiting for it
+    assert not made.done()
+    up.set()
+    await asyncio.wait_for(made, 30)
+    assert calls == [False, True] and stats.retries == 0 and stats.create_failures == 1 and stats.created == 1
+
+
+async def test_an_engine_gone_for_good_ends_the_wait_at_its_bound_then_the_retries_fail(monkeypatch):
+    from agentrl.sandboxes import SandboxSpec
+    from agentrl.sandboxes.pool import PoolStats
+
+    _engine(monkeypatch)  # never up
+
+    async def factory(spec):
+        raise SandboxError("docker engine unreachable (injected)", transient=True, cause="sandbox_engine")
+
+    stats = PoolStats()
+    creator = _creator(factory, stats, engine_wait_s=0.05)
+    with pytest.raises(SandboxError, match="unreachable") as e:
+        await asyncio.wait_for(creator.create(SandboxSpec(backend="docker", image="agentrl-busybox:latest")), 30)
+    assert e.value.failure_cause == "sandbox_engine"
+    assert stats.create_failures == 3 and stats.retries == 2  # one wait for the whole create, then its retries
+    with pytest.raises(ValueError, match="engine_wait_s must be >= 0"):
+        _creator(factory, stats, engine_wait_s=-1)
