@@ -228,12 +228,16 @@ class DockerSandbox(Sandbox):
             # outside. Wait for that removal, so that a stopped sandbox is gone when stop returns.
             if getattr(e.response, "status_code", 0) != 409:
                 raise SandboxError(f"remove failed: {e}", sandbox_id=self.id) from e
+        except Exception as e:  # the engine went away (a daemon restart): it removes its dead containers on return
+            raise SandboxError(f"remove failed: {type(e).__name__}: {e}", sandbox_id=self.id) from e
         deadline = time.monotonic() + REMOVE_WAIT_S
         while time.monotonic() < deadline:
             try:
                 api.inspect_container(self.container_id)
             except docker.errors.NotFound:
                 return
+            except Exception as e:
+                raise SandboxError(f"remove failed: {type(e).__name__}: {e}", sandbox_id=self.id) from e
             time.sleep(0.05)
         raise SandboxError(f"container still present {REMOVE_WAIT_S:.0f}s after its removal began (the sweep "
                            "removes it)", sandbox_id=self.id)
@@ -282,8 +286,6 @@ class DockerSandbox(Sandbox):
 
         Raises SandboxError when the container is dead; what ``sink`` raises propagates once the exec's tree is dead.
         """
-        import docker
-
         self._check_alive()
         api = docker_client().api
         marker = new_marker()
@@ -307,7 +309,7 @@ class DockerSandbox(Sandbox):
                 workdir=cwd or self.spec.workdir,
             )["Id"]
             sock = api.exec_start(eid, socket=True)
-        except docker.errors.APIError as e:
+        except Exception as e:  # the engine's refusal, or no engine at all (a daemon restarting)
             reason = self._dead_reason()
             if reason:
                 raise SandboxError(reason, sandbox_id=self.id) from e
@@ -424,12 +426,10 @@ class DockerSandbox(Sandbox):
         return state not in ("Z", "X", "x") and not flags & 0x4  # PF_EXITING
 
     def _exit_code(self, eid: str) -> int | None:
-        import docker
-
         for _ in range(50):
             try:
                 info = docker_client().api.exec_inspect(eid)
-            except docker.errors.NotFound:
+            except Exception:  # not found, or the engine gone: no code to read (the caller asks why)
                 return None
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])

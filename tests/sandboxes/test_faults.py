@@ -168,3 +168,35 @@ async def test_disk_limit_hit_is_named_as_the_cause(busybox_spec):
         assert fill.disk_full, fill
         after = await sb.exec("rm -f big && echo fine", timeout=30)
         assert after.ok and not after.disk_full
+
+
+async def test_a_docker_engine_gone_mid_run_fails_commands_and_stops_as_sandbox_errors(monkeypatch):
+    """The daemon restarted under a fleet of 256 (bench_fleet --restart-daemon): commands that asked the engine for
+    their exec after it went away raised the client's own ConnectionError, so 252 episodes ended as env exceptions,
+    never retried. Every engine call of a command or a stop now fails as a SandboxError, named by infra_error."""
+    import requests
+    from docker.api.client import APIClient
+
+    from agentrl.sandboxes import SandboxSpec, create_sandbox, infra_error
+
+    from .conftest import BUSYBOX, require_backend
+
+    require_backend("docker", BUSYBOX)
+    sb = await create_sandbox(SandboxSpec(backend="docker", image=BUSYBOX, ttl_s=120)).start()
+    try:
+        gone = requests.exceptions.ConnectionError("('Connection aborted.', FileNotFoundError(2, 'No such file'))")
+
+        def refuse(self, *a, **k):
+            raise gone
+
+        for name in ("exec_create", "inspect_container", "exec_inspect", "remove_container"):
+            monkeypatch.setattr(APIClient, name, refuse)
+        with pytest.raises(SandboxError) as e:
+            await sb.exec("echo up", timeout=10)
+        assert (await infra_error(e.value, "docker")).failure_cause in ("sandbox_lost", "sandbox_engine")
+        with pytest.raises(SandboxError, match="remove failed"):
+            await sb.stop()
+    finally:
+        monkeypatch.undo()
+        sb._stopped = False  # the refused stop marked it stopped: remove it for real
+        await sb.stop()
