@@ -130,6 +130,7 @@ def restart_dockerd(log: str = "/var/log/agentrl-dockerd.log") -> dict:
         raise SystemExit(f"--restart-daemon needs exactly one dockerd running, found pids {pids}")
     pid = int(pids[0])
     argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    nice = os.getpriority(os.PRIO_PROCESS, pid)  # not this process's (often niced) priority
     t0 = time.monotonic()
     os.kill(pid, signal.SIGTERM)
 
@@ -143,7 +144,7 @@ def restart_dockerd(log: str = "/var/log/agentrl-dockerd.log") -> dict:
         time.sleep(0.1)
     stopped = time.monotonic() - t0
     subprocess.Popen(argv, stdout=open(log, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                     start_new_session=True)
+                     start_new_session=True, preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, nice))
     while not engine_answers():
         time.sleep(0.2)
     return {"daemon_stop_s": round(stopped, 2), "daemon_down_s": round(time.monotonic() - t0, 2)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections import defaultdict
@@ -21,6 +22,8 @@ from .faults import engine_back, engine_down
 from .guards import HostGuard
 from .snapshot import Snapshot, restore_snapshot
 from .sweep import SweepReport, auto_sweep, merge
+
+log = logging.getLogger("agentrl.sandboxes")
 
 
 class TokenBucket:
@@ -106,8 +109,15 @@ class Shielded:
     def run(self, coro) -> asyncio.Future:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
         return asyncio.shield(task)
+
+    def _done(self, task: asyncio.Task) -> None:
+        # the shield lets go of a cancelled caller's task: its failure (a removal timed out) is said here, and the
+        # sandbox is left to the sweep
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a stop that outlived its caller failed: %s", task.exception())
 
     async def drain(self) -> None:
         while self._tasks:

@@ -323,3 +323,43 @@ async def test_an_engine_gone_for_good_ends_the_wait_at_its_bound_then_the_retri
     assert stats.create_failures == 3 and stats.retries == 2  # one wait for the whole create, then its retries
     with pytest.raises(ValueError, match="engine_wait_s must be >= 0"):
         _creator(factory, stats, engine_wait_s=-1)
+
+
+async def test_a_shielded_stop_that_fails_after_its_caller_was_cancelled_is_logged_not_left_unretrieved(caplog):
+    """A daemon restart under 1,024 sandboxes: removals timed out after their holders' close timeouts, and asyncio
+    reported "Task exception was never retrieved" for them (the shield drops its hold on a cancelled caller's task)."""
+    import gc
+    import logging
+
+    from agentrl.sandboxes.pool import Shielded
+
+    unretrieved = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda loop, ctx: unretrieved.append(ctx.get("message")))
+    release = asyncio.Event()
+
+    async def stop():
+        await release.wait()
+        raise SandboxError("remove failed: ReadTimeout (injected)")
+
+    shielded = Shielded()
+
+    async def holder():
+        await shielded.run(stop())
+
+    h = asyncio.ensure_future(holder())
+    await asyncio.sleep(0)  # the holder is waiting on the stop
+    h.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await h
+    (task,) = shielded._tasks
+    with caplog.at_level(logging.WARNING, logger="agentrl.sandboxes"):
+        release.set()
+        await asyncio.wait([task])  # ended, its exception not asked for
+        await asyncio.sleep(0)  # its done callbacks ran
+        del h, task
+        gc.collect()
+        await shielded.drain()
+    loop.set_exception_handler(None)
+    assert unretrieved == []
+    assert any("remove failed" in r.getMessage() for r in caplog.records), caplog.records
