@@ -34,9 +34,15 @@ def check_limits(res: ExecResult, sandbox_id: str = "") -> ExecResult:
     return res
 
 
-# One watcher per event loop and backend polls an engine that does not answer, however many creations wait for it
-# (a daemon restart under a fleet of 1,024 would otherwise be pinged 1,024 times a second).
-_WATCHERS: dict[tuple[int, str], asyncio.Task] = {}
+# One watcher per backend polls an engine that does not answer, however many creations wait for it (a daemon
+# restart under a fleet of 1,024 would otherwise be pinged 1,024 times a second).
+_WATCHERS: dict[str, asyncio.Task] = {}
+
+
+def _watcher(backend: str) -> asyncio.Task | None:
+    """The backend's watcher still polling on this event loop (one left by a loop closed under it does not count)."""
+    w = _WATCHERS.get(backend)
+    return w if w is not None and not w.done() and w.get_loop() is asyncio.get_running_loop() else None
 
 
 async def engine_down(backend: str) -> bool:
@@ -44,7 +50,7 @@ async def engine_down(backend: str) -> bool:
     polls it (:func:`engine_back`), it is down without asking."""
     if backend != "docker":
         return False
-    if (id(asyncio.get_running_loop()), backend) in _WATCHERS:
+    if _watcher(backend) is not None:
         return True
     from .docker_engine import engine_answers
 
@@ -68,12 +74,10 @@ async def engine_back(backend: str, deadline: float, poll_s: float = 1.0) -> boo
     waiter then starts the next)."""
     if backend != "docker":
         return True
-    key = (id(asyncio.get_running_loop()), backend)
     while (left := deadline - time.monotonic()) > 0:
-        watcher = _WATCHERS.get(key)
+        watcher = _watcher(backend)
         if watcher is None:
-            watcher = _WATCHERS[key] = asyncio.ensure_future(_until_up(backend, deadline, poll_s))
-            watcher.add_done_callback(lambda t, key=key: _WATCHERS.pop(key, None) if _WATCHERS.get(key) is t else None)
+            watcher = _WATCHERS[backend] = asyncio.ensure_future(_until_up(backend, deadline, poll_s))
         try:
             if await asyncio.wait_for(asyncio.shield(watcher), left):
                 return True

@@ -363,3 +363,25 @@ async def test_a_shielded_stop_that_fails_after_its_caller_was_cancelled_is_logg
     loop.set_exception_handler(None)
     assert unretrieved == []
     assert any("remove failed" in r.getMessage() for r in caplog.records), caplog.records
+
+
+def test_a_watcher_left_by_a_closed_event_loop_does_not_say_the_engine_is_down(monkeypatch):
+    """The engine watcher is per event loop: one left pending by a loop closed under it (a test's, a run's) must not
+    answer for the next loop."""
+    import time as _time
+
+    from agentrl.sandboxes import faults
+
+    up, _ = _engine(monkeypatch)
+    old = asyncio.new_event_loop()
+    try:
+        async def start_watch():
+            asyncio.ensure_future(faults.engine_back("docker", _time.monotonic() + 600))
+            await asyncio.sleep(0.05)  # the watcher is polling the (down) engine
+
+        old.run_until_complete(start_watch())
+    finally:
+        old.close()  # closed with the watcher still pending
+    up.set()
+    assert asyncio.run(faults.engine_down("docker")) is False  # asked the engine: it answers
+    assert asyncio.run(faults.engine_back("docker", _time.monotonic() + 5)) is True
