@@ -175,19 +175,9 @@ async def calibrate(model: str, reps: int, max_turns: int) -> dict:
         # the benchmark's env (zero latency: every second of it is CPU, engine and driver) on the engine. A bare
         # decode loop (the first version of this calibration) left the driver idle and measured a 1.2x trainer
         # slowdown where the real alpha2 run showed 3x.
-        import agentrl
-        from agentrl.agent.loop import AgentLoopPolicy
-        from agentrl.controller.run import run_tokenizer
-        from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
+        from agentrl.manager import EnvManager, EpisodeSpec
 
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from bench_schedulers import ENV_ID, LatencyFrozenLake
-
-        if ENV_ID not in agentrl.registered_ids():
-            agentrl.register(ENV_ID, entry_point=LatencyFrozenLake, max_episode_steps=max_turns)
-        rcfg = dataclasses.replace(cfg.rollout, max_turns=max_turns)
-        policy = AgentLoopPolicy(engine, run_tokenizer(cfg.engine), rcfg)
-        mcfg = ManagerConfig.of(dataclasses.replace(cfg.manager, workers=0, max_turns=max_turns))
+        ENV_ID, policy, mcfg = rollout_parts(cfg, engine, max_turns)
         seeds = iter(range(10**6, 2 * 10**6))
         big = groups([320] * 16 + [100] * 48)
         t_big = fit_rows["quarter_long"]["step_s"]
@@ -229,26 +219,36 @@ async def calibrate(model: str, reps: int, max_turns: int) -> dict:
     return out
 
 
+def rollout_parts(cfg, engine, max_turns: int) -> tuple:
+    """The benchmark's env (registered), the agent loop on ``engine`` and the manager config of a rollout of it:
+    (env id, policy, ManagerConfig)."""
+    import agentrl
+    from agentrl.agent.loop import AgentLoopPolicy
+    from agentrl.controller.run import run_tokenizer
+    from agentrl.manager import ManagerConfig
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_schedulers import ENV_ID, LatencyFrozenLake
+
+    if ENV_ID not in agentrl.registered_ids():
+        agentrl.register(ENV_ID, entry_point=LatencyFrozenLake, max_episode_steps=max_turns)
+    policy = AgentLoopPolicy(engine, run_tokenizer(cfg.engine), dataclasses.replace(cfg.rollout, max_turns=max_turns))
+    return ENV_ID, policy, ManagerConfig.of(dataclasses.replace(cfg.manager, workers=0, max_turns=max_turns))
+
+
 async def measure_driver(cfg, max_turns: int, reps: int) -> dict:
     """The driver's own CPU per agent-loop turn: the manager plays 64 zero-latency episodes of the benchmark's env
     through the real agent loop against an engine that answers at once (``bench_gateway.InstantEngine``: no model,
     so what is left is rendering, tokenising, parsing, the manager and the env); this process's CPU time over the
     turns played, the median of ``reps``."""
-    import agentrl
-    from agentrl.agent.loop import AgentLoopPolicy
     from agentrl.controller.run import run_tokenizer
-    from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
+    from agentrl.manager import EnvManager, EpisodeSpec
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_gateway import InstantEngine
-    from bench_schedulers import ENV_ID, LatencyFrozenLake
 
-    if ENV_ID not in agentrl.registered_ids():
-        agentrl.register(ENV_ID, entry_point=LatencyFrozenLake, max_episode_steps=max_turns)
-    tok = run_tokenizer(cfg.engine)
-    rcfg = dataclasses.replace(cfg.rollout, max_turns=max_turns)
-    policy = AgentLoopPolicy(InstantEngine(tok, cfg.engine.max_model_len), tok, rcfg)
-    mcfg = ManagerConfig.of(dataclasses.replace(cfg.manager, workers=0, max_turns=max_turns))
+    instant = InstantEngine(run_tokenizer(cfg.engine), cfg.engine.max_model_len)
+    ENV_ID, policy, mcfg = rollout_parts(cfg, instant, max_turns)
     seeds = iter(range(2 * 10**6, 3 * 10**6))
     per_turn, turns = [], 0
     async with EnvManager(mcfg, policy) as mgr:
