@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Sets up the sandbox engines on a fresh Debian machine (idempotent; run as root from the repository root):
-# Debian's docker.io, bubblewrap, debootstrap, busybox-static, chromium (viewer tests); dockerd in the background (log in
-# $DOCKERD_LOG); the images agentrl-base:latest and agentrl-busybox:latest (skipped when present).
+# Debian's docker.io, bubblewrap, debootstrap, busybox-static, chromium (viewer tests); dockerd in the background
+# (.ci/start-dockerd.sh, log in $DOCKERD_LOG); the images agentrl-base:latest and agentrl-busybox:latest (skipped
+# when present).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DOCKERD_LOG=${DOCKERD_LOG:-/var/log/agentrl-dockerd.log}
-DOCKERD_WAIT_S=${DOCKERD_WAIT_S:-60}
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "sandbox-setup: must run as root (installs packages, starts dockerd, builds images)" >&2
@@ -30,26 +30,8 @@ if [ "${#need[@]}" -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-if ! docker info >/dev/null 2>&1; then
-    if pgrep -x dockerd >/dev/null 2>&1; then
-        echo "sandbox-setup: dockerd is running but not answering yet; waiting"
-    else
-        echo "sandbox-setup: starting dockerd (log: $DOCKERD_LOG)"
-        mkdir -p "$(dirname "$DOCKERD_LOG")"
-        # containerd is started by dockerd itself when no system containerd runs.
-        nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
-    fi
-    deadline=$(( $(date +%s) + DOCKERD_WAIT_S ))
-    until docker info >/dev/null 2>&1; do
-        if [ "$(date +%s)" -ge "$deadline" ]; then
-            echo "sandbox-setup: dockerd did not answer within ${DOCKERD_WAIT_S}s; last lines of $DOCKERD_LOG:" >&2
-            tail -n 30 "$DOCKERD_LOG" >&2 || true
-            exit 1
-        fi
-        sleep 1
-    done
-fi
-echo "sandbox-setup: docker $(docker version --format '{{.Server.Version}}') ready; $(bwrap --version)"
+DOCKERD_LOG="$DOCKERD_LOG" bash .ci/start-dockerd.sh
+echo "sandbox-setup: $(bwrap --version)"
 
 # build-image skips an image whose docker tag and rootfs both exist.
 .venv/bin/agentrl sandboxes build-image --all
