@@ -86,7 +86,42 @@ def parse_json(raw: bytes) -> dict[str, Any]:
                   "invalid_json") from None
     if not isinstance(body, dict):
         raise bad(None, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
+    if _SURROGATE_ESCAPE.search(raw) and (where := _lone_surrogate(body)) is not None:
+        raise bad(where, f"{where}: a string holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its "
+                         f"pair), which is not Unicode text", "invalid_unicode")
     return body
+
+
+# JSON may escape half of a surrogate pair alone ("\ud800"); json.loads keeps it, and the tokenizers (and any
+# UTF-8 writer of the record) raise on it. Bodies without such an escape skip the walk.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _lone_surrogate(x: Any) -> str | None:
+    """The path (``messages[0].content``) of a string in ``x`` that holds a lone surrogate, or of the object whose
+    key does; None when there is none."""
+    stack: list[tuple[Any, str]] = [(x, "")]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, str):
+            if not _is_text(v):
+                return p or "(body)"
+        elif isinstance(v, dict):
+            for k, sub in v.items():
+                if not _is_text(k):
+                    return p or "(body)"
+                stack.append((sub, f"{p}.{k}" if p else k))
+        elif isinstance(v, list):
+            stack += [(sub, f"{p}[{i}]") for i, sub in enumerate(v)]
+    return None
 
 
 MAX_ABS_REWARD = 1e9  # rewards beyond this are a bug or an attack, and would swamp any advantage estimate
@@ -352,8 +387,9 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, list):
-        if not prompt or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in prompt):
-            raise bad("prompt", "prompt must be a string or one list of token ids (batched prompts are not supported)")
+        if not prompt or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < 2**31 for x in prompt):
+            raise bad("prompt", "prompt must be a string or one list of token ids, each an integer in [0, 2^31) "
+                                "(batched prompts are not supported)")
     elif not isinstance(prompt, str) or not prompt:
         raise bad("prompt", "prompt must be a non-empty string or one list of token ids")
     if body.get("echo"):

@@ -104,7 +104,7 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
             out.append({"role": "tool", "tool_call_id": cid, "content": _text(it.get("output"), f"{p}.output")})
         elif kind == "reasoning":
             text = _text(it.get("content"), f"{p}.content") or "\n".join(
-                _text([s], f"{p}.summary") for s in it.get("summary") or [])
+                _text([s], f"{p}.summary") for s in _list(it.get("summary"), f"{p}.summary"))
             if text:
                 reasoning.append(text)
         else:
@@ -113,6 +113,15 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
     for m in out:
         m.pop("_closed", None)
     return out
+
+
+def _list(x: Any, param: str) -> list[Any]:
+    """``x`` as a list (absent: empty); anything else a 400 naming ``param``."""
+    if x is None:
+        return []
+    if not isinstance(x, list):
+        raise bad(param, f"{param} must be a list, got {type(x).__name__}")
+    return x
 
 
 def _tools(tools: Any) -> tuple[list[dict[str, Any]] | None, list[str]]:
@@ -127,7 +136,7 @@ def _tools(tools: Any) -> tuple[list[dict[str, Any]] | None, list[str]]:
         if not isinstance(t, dict):
             raise bad(p, "each tool must be an object")
         if t.get("type") == "namespace":
-            for k, sub in enumerate(t.get("tools") or []):
+            for k, sub in enumerate(_list(t.get("tools"), f"{p}.tools")):
                 add(sub, f"{p}.tools[{k}]")
         elif t.get("type") == "function":
             fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}

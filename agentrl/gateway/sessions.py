@@ -264,10 +264,16 @@ class Session:
         self._check_open()
         self._begin()
         try:
-            plan = await self.ctx.offload(plan_prompt, self.r, req.prompt, snapshot(self.segments))
             vocab = self.ctx.vocab_size
-            if vocab and any(t >= vocab for t in plan.prompt_ids):
-                raise bad("prompt", f"prompt has token ids outside the vocabulary [0, {vocab})")
+
+            def in_vocab(ids: list[int]) -> None:
+                if vocab and any(t >= vocab for t in ids):
+                    raise bad("prompt", f"prompt has token ids outside the vocabulary [0, {vocab})")
+
+            if isinstance(req.prompt, list):
+                in_vocab(req.prompt)  # before the plan decodes them: an id past the tokenizer's integer type raises
+            plan = await self.ctx.offload(plan_prompt, self.r, req.prompt, snapshot(self.segments))
+            in_vocab(plan.prompt_ids)
             self._check_open()
             gens, _ = await self._sample_n(plan, req.sampling, live)
         finally:

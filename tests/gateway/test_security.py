@@ -297,3 +297,67 @@ async def test_a_client_hang_up_is_not_a_server_error(tiny_tok, caplog):
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     finally:
         await gw.stop()
+
+
+LONE = "@LONE@"  # replaced in the raw body by the JSON escape \ud800: valid JSON, a lone surrogate, not Unicode text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path,body,where", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONE}]}, "messages[0].content"),
+    ("/v1/completions", {"prompt": "ok " + LONE}, "prompt"),
+    ("/v1/messages", {"max_tokens": 8, "system": [{"type": "text", "text": LONE}],
+                      "messages": [{"role": "user", "content": "x"}]}, "system[0].text"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "a" + LONE}]}]},
+     "input[0].content[0].text"),
+    ("/v1/responses", {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {LONE: {"type": "string"}}}}]}, "tools[0].parameters.properties"),
+])
+async def test_a_lone_surrogate_anywhere_in_a_request_is_a_400_that_says_where(tiny_tok, path, body, where, stream):
+    """JSON lets a string hold ``\\ud800`` alone; it is no Unicode text, and the tokenizer raised on it (a 500 in
+    every dialect). A surrogate pair (an emoji) is text and goes through."""
+    gw, eng = await serve(tiny_tok, ["ok<eos>"])
+    try:
+        raw_body = json.dumps({"model": "tiny", "stream": stream, **body}).replace(LONE, "\\ud800").encode()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{gw.url}/s/u{path}", data=raw_body,
+                                 headers={"Content-Type": "application/json"}) as r:
+                st, text = r.status, await r.text()
+            assert st == 400, text
+            assert where in text and "surrogate" in text, text
+            ok = json.dumps({"model": "tiny", "stream": False, **body}).replace(LONE, "\\ud83d\\ude00").encode()
+            async with http.post(f"{gw.url}/s/u{path}", data=ok, headers={"Content-Type": "application/json"}) as r:
+                assert r.status == 200, await r.text()
+        assert "server_error" not in gw.errors
+    finally:
+        await gw.stop()
+
+
+@pytest.mark.parametrize("bad_value", [-1, 1.5, True, "text"])
+@pytest.mark.parametrize("body,where", [
+    ({"input": [{"role": "user", "content": "x"}, {"type": "reasoning", "summary": "@"}]}, "input[1].summary"),
+    ({"input": "x", "tools": [{"type": "namespace", "name": "ns", "tools": "@"}]}, "tools[0].tools"),
+])
+async def test_responses_lists_of_the_wrong_type_are_400_not_500(tiny_tok, body, where, bad_value):
+    gw, eng = await serve(tiny_tok, ["ok<eos>"])
+    try:
+        raw_body = json.dumps({"model": "tiny", **body}).replace('"@"', json.dumps(bad_value)).encode()
+        st, got = await post(gw, "/s/r/v1/responses", raw=raw_body)
+        assert st == 400 and err(got)["param"] == where, got
+        assert "server_error" not in gw.errors
+    finally:
+        await gw.stop()
+
+
+async def test_completions_token_ids_past_the_vocabulary_or_any_integer_type_are_400_not_500(tiny_tok):
+    """A token id too large for the tokenizer's integer type raised OverflowError while the prompt was planned."""
+    gw, eng = await serve(tiny_tok, ["ok<eos>"])
+    try:
+        for ids in ([10**12], [2**63], [1, len(tiny_tok)], [-1], [True]):
+            st, got = await post(gw, "/s/t/v1/completions", {"model": "tiny", "prompt": ids, "max_tokens": 4})
+            assert st == 400 and err(got)["param"] == "prompt", (ids, got)
+        st, got = await post(gw, "/s/t/v1/completions", {"model": "tiny", "prompt": [1, 2], "max_tokens": 4})
+        assert st == 200, got
+        assert "server_error" not in gw.errors
+    finally:
+        await gw.stop()
