@@ -39,6 +39,18 @@ class ParsedToolCalls:
     content: str = ""
 
 
+# What json.loads raises on text nobody checked: JSONDecodeError, a plain ValueError (an integer of over 4,300
+# digits) or RecursionError (nested too deeply).
+JSON_ERRORS = (ValueError, RecursionError)
+
+
+def json_error(e: BaseException) -> str:
+    """What was wrong with JSON that :data:`JSON_ERRORS` reported, in a few words."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at position {e.pos}"
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)[:120]
+
+
 def parse_tool_calls(text: str) -> ParsedToolCalls:
     """Parses every ``<tool_call>`` block in ``text``. Never raises."""
     out = ParsedToolCalls()
@@ -52,8 +64,8 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
         body = m.group(1).strip()
         try:
             obj = json.loads(body)
-        except json.JSONDecodeError as e:
-            out.errors.append(f"tool call {i}: invalid JSON ({e.msg} at position {e.pos})")
+        except JSON_ERRORS as e:
+            out.errors.append(f"tool call {i}: invalid JSON ({json_error(e)})")
             continue
         if not isinstance(obj, dict):
             out.errors.append(f"tool call {i}: expected a JSON object with 'name' and 'arguments', got {type(obj).__name__}")
@@ -66,7 +78,7 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
+            except JSON_ERRORS:
                 out.errors.append(f"tool call {i} ({name}): 'arguments' is a string that is not valid JSON")
                 continue
         if not isinstance(args, dict):

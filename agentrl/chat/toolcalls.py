@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentrl.chat.families import ChatFamily
+from agentrl.tools import JSON_ERRORS, json_error
 
 
 @dataclass
@@ -74,8 +75,8 @@ def _decode_args(name: str, raw: Any, i: int, errors: list[str]) -> dict[str, An
     if isinstance(raw, str):
         try:
             args = json.loads(raw) if raw.strip() else {}
-        except json.JSONDecodeError as e:
-            errors.append(f"tool call {i} ({name}): arguments are not valid JSON ({e.msg})")
+        except JSON_ERRORS as e:
+            errors.append(f"tool call {i} ({name}): arguments are not valid JSON ({json_error(e)})")
             return None
     if not isinstance(args, dict):
         errors.append(f"tool call {i} ({name}): arguments must be an object, got {type(args).__name__}")

@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.tools import JSON_ERRORS
+
 ANTHROPIC_VERSION = "2023-06-01"
 
 
@@ -155,6 +157,6 @@ def json_object(raw: Any) -> dict[str, Any]:
         return raw
     try:
         value = json.loads(raw or "{}")
-    except (TypeError, ValueError):
+    except (TypeError, *JSON_ERRORS):
         return {"_unparsed": str(raw)}
     return value if isinstance(value, dict) else {"_unparsed": value}

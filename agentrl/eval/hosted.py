@@ -31,7 +31,7 @@ from agentrl.core import Message
 from agentrl.eval import dialects
 from agentrl.eval.dialects import Reply
 from agentrl.policy import Action, EpisodeMeta, Policy, PolicySession, TokenRecord
-from agentrl.tools import format_tool_call
+from agentrl.tools import JSON_ERRORS, format_tool_call
 
 
 class HostedAPIError(RuntimeError):
@@ -138,7 +138,7 @@ class HostedChatPolicy(Policy):
                     raise HostedAPIError(f"{url}: HTTP {status}{_hint(status)}: {text[:500]}")
                 try:
                     rep = dialects.reply(cfg.dialect, json.loads(text))
-                except ValueError as e:
+                except JSON_ERRORS as e:
                     raise HostedAPIError(f"{url}: {e}: {text[:300]!r}") from None
                 self.usage["requests"] += 1
                 self.usage["prompt_tokens"] += rep.prompt_tokens

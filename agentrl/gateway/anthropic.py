@@ -39,6 +39,7 @@ from typing import Any
 
 from agentrl.gateway.choices import Choice, Completion
 from agentrl.gateway.protocol import APIError, ChatRequest, Sampling, _num, bad, new_id, parse_tools
+from agentrl.tools import JSON_ERRORS
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 408: "timeout_error", 409: "invalid_request_error", 413: "request_too_large",
@@ -219,7 +220,7 @@ def _blocks(c: Choice) -> list[dict[str, Any]]:
     for call in c.tool_calls:
         try:
             args = json.loads(call["function"]["arguments"] or "{}")
-        except ValueError:
+        except JSON_ERRORS:
             args = {}
         out.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
                     "input": args if isinstance(args, dict) else {"value": args}})

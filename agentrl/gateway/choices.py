@@ -20,6 +20,7 @@ from typing import Any
 
 from agentrl.chat import ChatRenderer
 from agentrl.inference.base import Generation
+from agentrl.tools import JSON_ERRORS
 
 
 @dataclass
@@ -69,7 +70,7 @@ def assistant_key(content: str | None, calls: list[dict[str, Any]]) -> str:
         args = fn.get("arguments", "")
         try:
             args = json.dumps(json.loads(args), sort_keys=True, ensure_ascii=False)
-        except (TypeError, ValueError):
+        except (TypeError, *JSON_ERRORS):
             pass
         norm.append([fn.get("name"), args, c.get("id") or ""])
     return json.dumps([(content or "").strip(), norm], ensure_ascii=False)

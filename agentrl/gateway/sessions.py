@@ -59,6 +59,7 @@ from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, S
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.resubmit import derive_seed, generate_resubmitting
 from agentrl.policy import TokenRecord
+from agentrl.tools import JSON_ERRORS
 from agentrl.trajectory import Trajectory
 
 Live = LiveRequest | None  # a streamed request's listener (see :mod:`agentrl.gateway.live`)
@@ -151,7 +152,7 @@ class Session:
                     for c in m["tool_calls"]:
                         try:
                             args: Any = json.loads(c["function"]["arguments"] or "{}")
-                        except ValueError:
+                        except JSON_ERRORS:
                             args = c["function"]["arguments"]
                         calls.append({**c, "function": {**c["function"], "arguments": args}})
                     m["tool_calls"] = calls

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from agentrl.controller.runlog import summarize
+from agentrl.tools import JSON_ERRORS, json_error
 
 TERMINATIONS = ("terminated", "truncated", "error", "cancelled")
 _FAST_RE = re.compile(rb'^\{"step": (-?\d+), "summary": ')
@@ -152,8 +153,8 @@ class LineFile:
 def _parse(line: bytes) -> tuple[Any, str | None]:
     try:
         return json.loads(line), None
-    except (ValueError, UnicodeDecodeError) as e:
-        return None, f"not JSON ({getattr(e, 'msg', e)})"
+    except JSON_ERRORS as e:  # UnicodeDecodeError is a ValueError
+        return None, f"not JSON ({json_error(e)})"
 
 
 def split_record(obj: Any) -> tuple[dict[str, Any] | None, dict[str, Any], str | None]:
@@ -435,7 +436,7 @@ class LogprobIndex(LineFile):
         if m is not None and line.rstrip().endswith(b"}"):
             try:
                 tid = json.loads(m.group(1))
-            except ValueError:
+            except JSON_ERRORS:
                 tid = None
         if tid is None:
             obj, err = _parse(line)

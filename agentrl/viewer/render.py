@@ -22,6 +22,7 @@ import math
 import re
 from typing import Any
 
+from agentrl.tools import JSON_ERRORS
 from agentrl.viewer.data import finite_float
 from agentrl.viewer.tokens import TokenDecoder
 
@@ -142,7 +143,7 @@ def _tool_calls(pieces: list[str] | None, start: int, end: int, text: str) -> tu
             obj = json.loads(m.group(1).strip())
             if isinstance(obj, dict) and isinstance(obj.get("name"), str):
                 name = obj["name"]
-        except ValueError:
+        except JSON_ERRORS:
             name = "malformed"
         names.append(name[:200])
         if ends is not None and m.end() > m.start():

@@ -58,8 +58,8 @@ def load_tasks(path: str | os.PathLike) -> list[dict[str, Any]]:
                 continue
             try:
                 task = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+            except JSON_ERRORS as e:
+                raise ValueError(f"{path}:{n}: not JSON ({json_error(e)})") from None
             if not isinstance(task, dict) or not (isinstance(task.get("prompt"), str) or isinstance(task.get("messages"), list)):
                 raise ValueError(f"{path}:{n}: a task needs a 'prompt' string or a 'messages' list")
             tasks.append(task)

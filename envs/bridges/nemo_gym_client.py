@@ -42,6 +42,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from agentrl.core import Env, Message, StepResult
+from agentrl.tools import JSON_ERRORS, json_error
 
 
 class NeMoGymError(RuntimeError):
@@ -97,7 +98,7 @@ def post_json(opener: urllib.request.OpenerDirector, url: str, path: str, body: 
         raise NeMoGymError(f"NeMo Gym server {url}: POST {path} answered HTTP {status}: {detail}")
     try:
         reply = json.loads(raw)
-    except ValueError:
+    except JSON_ERRORS:
         raise NeMoGymError(f"NeMo Gym server {url}: POST {path} answered with something that is not JSON: "
                            f"{raw[:80]!r}") from None
     if not isinstance(reply, dict):
@@ -114,8 +115,8 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
             continue
         try:
             row = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}:{n}: not JSON: {e}") from None
+        except JSON_ERRORS as e:
+            raise ValueError(f"{path}:{n}: not JSON: {json_error(e)}") from None
         params = row.get("responses_create_params") if isinstance(row, dict) else None
         if not isinstance(params, dict) or not isinstance(params.get("input"), (str, list)):
             raise ValueError(f"{path}:{n}: a row needs responses_create_params.input (a string or a message list)")

@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from agentrl.core import Env, Message, StepResult
+from agentrl.tools import JSON_ERRORS
 
 try:
     from websockets.exceptions import ConnectionClosed, WebSocketException
@@ -104,7 +105,7 @@ class OpenEnvClientEnv(Env):
                                f"{type(e).__name__}: {e}") from e
         try:
             reply = json.loads(raw)
-        except (TypeError, ValueError):
+        except (TypeError, *JSON_ERRORS):
             self._drop()
             raise OpenEnvError(f"OpenEnv server {self.ws_url} answered {what} with something that is not JSON: "
                                f"{str(raw)[:80]!r}") from None

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.core import Env, Message, StepResult
+from agentrl.tools import JSON_ERRORS
 
 HOST_SCRIPT = Path(__file__).with_name("outproc_host.py")
 PROTOCOL = 1
@@ -86,7 +87,7 @@ class _Host:
             reply = json.loads(line)
             if not isinstance(reply, dict):
                 raise ValueError("not an object")
-        except ValueError:
+        except JSON_ERRORS:
             raise self.fail(f"env host {self.python!r} answered {what} outside the protocol: {line[:120]!r}") from None
         return reply
 

@@ -42,8 +42,8 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+            except JSON_ERRORS as e:
+                raise ValueError(f"{path}:{n}: not JSON ({json_error(e)})") from None
             prompt = row.get("prompt") if isinstance(row, dict) else None
             if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt))):
                 raise ValueError(f"{path}:{n}: a row needs a 'prompt' (a string or a list of chat messages)")

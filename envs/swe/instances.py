@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from agentrl.tools import JSON_ERRORS, json_error
+
 REQUIRED_FIELDS = (
     "instance_id",
     "repo",
@@ -63,8 +65,9 @@ def _test_list(value: Any, name: str, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise InstanceError(f"{where}: field {name!r}: a string that is not a JSON list of test ids ({e.msg})") from None
+        except JSON_ERRORS as e:
+            raise InstanceError(f"{where}: field {name!r}: a string that is not a JSON list of test ids "
+                                f"({json_error(e)})") from None
     if not isinstance(value, list):
         raise InstanceError(f"{where}: field {name!r}: expected a list of test ids, got {type(value).__name__}")
     for i, t in enumerate(value):
@@ -114,8 +117,8 @@ def parse_lines(lines: Iterable[str], source: str = "<string>") -> list[SWEInsta
         where = f"{source}:{lineno}"
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InstanceError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        except JSON_ERRORS as e:
+            raise InstanceError(f"{where}: invalid JSON ({json_error(e)})") from None
         inst = parse_instance(obj, where)
         if inst.instance_id in seen:
             raise InstanceError(f"{where}: field 'instance_id': duplicate {inst.instance_id!r} (first on line {seen[inst.instance_id]})")

@@ -24,6 +24,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrl.tools import JSON_ERRORS
+
 from .swebench_compat import STATUS_MAP, parse_log
 
 HERE = Path(__file__).resolve().parent
@@ -109,7 +111,7 @@ def parse(runner: str, output: str, ids: list[str], nonce: str, *, log_parser: s
         try:
             rec = json.loads(p)
             statuses[str(rec["id"])] = (str(rec["status"]), str(rec.get("detail", "")))
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (*JSON_ERRORS, KeyError, TypeError):  # ValueError, RecursionError: what the tested code wrote
             continue  # a line cut by a kill mid-write
     guard = statuses.pop("<guard>", None)
     if guard is not None:

@@ -154,3 +154,13 @@ async def test_gemma3_pythonic_tool_results_go_back_as_user_turns():
     assert text.endswith('[calculator(expression="2+3")]<end_of_turn>\n<start_of_turn>user\n<tool_response>\n5'
                          '</tool_response><end_of_turn>\n<start_of_turn>model\n')
     assert "python list of the function calls" in text
+
+
+@pytest.mark.parametrize("args", ["[" * 100_000, '{"n": ' + "9" * 5000 + "}"])
+def test_harmony_arguments_no_json_reader_takes_are_a_parse_error_not_an_exception(args):
+    """json.loads raises RecursionError (too deep) or a plain ValueError (an integer of over 4,300 digits) on what
+    a model may write; either is the turn's parse error."""
+    from agentrl.chat.toolcalls import HarmonyTurnParser
+
+    turn = HarmonyTurnParser().parse("<|channel|>commentary to=functions.f <|message|>" + args + "<|call|>")
+    assert turn.calls == [] and len(turn.errors) == 1 and "not valid JSON" in turn.errors[0]

@@ -20,6 +20,10 @@ def test_malformed_calls_become_errors_not_exceptions():
         '<tool_call>{"arguments": {}}</tool_call>': "'name'",
         '<tool_call>{"name": "f", "arguments": 3}</tool_call>': "must be an object",
         '<tool_call>{"name": "f", "arguments": {}}': "missing closing",
+        # what json.loads raises besides JSONDecodeError: too deep, an integer of over 4,300 digits
+        '<tool_call>{"name": "f", "arguments": ' + "[" * 100_000 + "}</tool_call>": "invalid JSON",
+        '<tool_call>{"name": "f", "arguments": {"n": ' + "9" * 5000 + "}}</tool_call>": "invalid JSON",
+        '<tool_call>{"name": "f", "arguments": "' + "[" * 100_000 + '"}</tool_call>': "not valid JSON",
     }
     for text, needle in cases.items():
         p = parse_tool_calls(text)

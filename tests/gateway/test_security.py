@@ -361,3 +361,30 @@ async def test_completions_token_ids_past_the_vocabulary_or_any_integer_type_are
         assert "server_error" not in gw.errors
     finally:
         await gw.stop()
+
+
+DEEP = "[" * 100_000  # json.loads raises RecursionError on it, which is no JSONDecodeError
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tool_call_arguments_too_deep_for_json_are_a_parse_error_not_a_500(tiny_tok, stream):
+    """The model's call with such arguments (a tiny model writes anything) is the turn's parse error, and a client's
+    history holding such arguments is served: no dialect answers 500."""
+    calls = ['<tool_call>{"name": "f", "arguments": ' + DEEP + "}</tool_call><eos>",
+             '<tool_call>{"name": "f", "arguments": "' + DEEP + '"}</tool_call><eos>']
+    gw, eng = await serve(tiny_tok, calls, max_model_len=200_000)
+    history = [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": DEEP}}]},
+               {"role": "tool", "tool_call_id": "1", "content": "r"}]
+    try:
+        for i, (path, body) in enumerate([("/v1/chat/completions", {"messages": history}),
+                                          ("/v1/chat/completions", {"messages": history[:1]}),
+                                          ("/v1/messages", {"max_tokens": 8, "messages": history[:1]}),
+                                          ("/v1/responses", {"input": "x"})]):
+            async with aiohttp.ClientSession() as http:
+                async with http.post(f"{gw.url}/s/d{i}{path}", json={"model": "tiny", "stream": stream, **body}) as r:
+                    text = await r.text()
+                    assert r.status == 200 and "internal error" not in text, (path, text[:300])
+        assert "server_error" not in gw.errors
+    finally:
+        await gw.stop()

@@ -42,11 +42,14 @@ def test_json_string_test_lists_and_extra_fields():
     "bad, words",
     [
         ("{not json", ["x.jsonl:2", "invalid JSON"]),
+        ("[" * 100_000, ["x.jsonl:2", "invalid JSON"]),  # json.loads: RecursionError, not JSONDecodeError
+        ('{"n": ' + "9" * 5000 + "}", ["x.jsonl:2", "invalid JSON"]),  # ValueError: too many digits
         (json.dumps([1, 2]), ["x.jsonl:2", "JSON object"]),
         (json.dumps({k: v for k, v in GOOD.items() if k != "test_patch"}), ["x.jsonl:2", "'test_patch'"]),
         (json.dumps(dict(GOOD, instance_id="b", patch=3)), ["x.jsonl:2", "'patch'", "string"]),
         (json.dumps(dict(GOOD, instance_id="b", FAIL_TO_PASS=5)), ["x.jsonl:2", "'FAIL_TO_PASS'", "list"]),
         (json.dumps(dict(GOOD, instance_id="b", FAIL_TO_PASS="[oops")), ["x.jsonl:2", "'FAIL_TO_PASS'", "JSON"]),
+        (json.dumps(dict(GOOD, instance_id="b", FAIL_TO_PASS="[" * 100_000)), ["x.jsonl:2", "'FAIL_TO_PASS'", "JSON"]),
         (json.dumps(dict(GOOD, instance_id="b", PASS_TO_PASS=["ok", ""])), ["x.jsonl:2", "'PASS_TO_PASS'[1]"]),
         (json.dumps(dict(GOOD, instance_id="b", FAIL_TO_PASS=[])), ["x.jsonl:2", "'FAIL_TO_PASS'", "at least one"]),
         (json.dumps(dict(GOOD, instance_id="b", repo=" ")), ["x.jsonl:2", "'repo'", "empty"]),

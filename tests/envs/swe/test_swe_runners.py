@@ -125,6 +125,18 @@ def test_parse_ignores_lines_without_the_nonce_and_reads_command_logs():
     assert res.statuses["a.py::t"][0] == "pass" and res.statuses["a.py::u"][0] == "fail"  # the line after the frame is ignored
 
 
+def test_parse_skips_result_lines_that_no_json_reader_takes():
+    """The code under test writes what it likes to the output: a result line too deep for json.loads
+    (RecursionError) or with an integer of over 4,300 digits (ValueError) is skipped, as a torn line is."""
+    ids = ["a.py::t"]
+    out = (f"@@agentrl:{NONCE}:result " + "[" * 100_000 + "\n"
+           f"@@agentrl:{NONCE}:result " + '{"id": "a.py::t", "status": ' + "9" * 5000 + "}\n"
+           f"@@agentrl:{NONCE}:result " + json.dumps({"id": "a.py::t", "status": "pass"}) + "\n"
+           f"@@agentrl:{NONCE}:end\n")
+    res = runners.parse("unittest", out, ids, NONCE)
+    assert res.statuses == {"a.py::t": ("pass", "")} and res.complete
+
+
 def test_env_specs_and_runner_inference(tmp_path):
     assert runner_for(EnvSpec(), ["tests.test_x.T.test_y"]) == "unittest"
     with_pytest = EnvSpec(pip=["pytest==8.3.3"])
