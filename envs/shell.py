@@ -5,7 +5,9 @@ pool's warm pool: the pool makes them ahead, see :meth:`agentrl.manager.EnvManag
 restored to a prepared work dir (``snapshot``), and opens with the task's goal. Each ``step`` runs the action as a
 shell command in the work dir and returns its output (capped) and exit code as a ``tool`` message; the episode
 ends (terminated, reward 1.0) when the output contains the task's ``expect`` string, or after ``max_turns`` steps
-(truncated, reward 0.0). A command that fails is an ordinary observation (the agent's doing).
+(truncated, reward 0.0). A command that fails is an ordinary observation (the agent's doing), and so is one no
+sandbox can run (a NUL byte, over ``MAX_COMMAND_BYTES``: ``BadCommand``), answered ``error: ...`` with
+``info["invalid_action"]``.
 
 Infrastructure failures are raised, named (:mod:`agentrl.sandboxes.faults`): the sandbox lost (killed from outside,
 its engine gone) or a command that hit its memory or disk limit raise a ``SandboxError`` with its
@@ -23,7 +25,7 @@ import time
 from typing import Any
 
 from agentrl.core import Env
-from agentrl.sandboxes import SandboxError, SandboxPool, SandboxSpec, Snapshot, check_limits, infra_error
+from agentrl.sandboxes import BadCommand, SandboxError, SandboxPool, SandboxSpec, Snapshot, check_limits, infra_error
 
 _POOL: SandboxPool | None = None
 
@@ -94,6 +96,11 @@ class ShellEnv(Env):
         sb = self.sandbox
         try:
             res = check_limits(await sb.exec(action, timeout=60, output_limit=self.output_chars), sb.id)
+        except BadCommand as e:  # the action's fault (a NUL byte, too long): told to the model, the sandbox is fine
+            msg = {"role": "tool", "name": "shell", "content": f"error: {e}"}
+            truncated = self._turns >= self.max_turns
+            return [msg], 0.0, False, truncated, {"invalid_action": True, "turn": self._turns,
+                                                   "sandbox_start_s": self.start_s}
         except SandboxError as e:
             raise await infra_error(e, sb.backend)
         out = res.output[-self.output_chars:]

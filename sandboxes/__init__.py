@@ -51,6 +51,10 @@ Public API
 - ``take_snapshot(sb, max_bytes=64 MiB) -> Snapshot`` (a prepared work dir, captured once);
   ``restore_snapshot(sb, snap)``: reset, then the work dir holds exactly the snapshot again (per episode, instead of
   a rebuild); the pool's ``keep_warm(..., snapshot=)`` and ``acquire(..., reuse=True, snapshot=)`` use it.
+- ``BadCommand(ValueError)``: an exec's input that no sandbox can run, the same from every backend: a NUL byte or a
+  lone surrogate in the command, an env value or the cwd; a command over ``MAX_COMMAND_BYTES`` (131,071: the
+  kernel's limit on one argument); an env name that is not a variable name; an ``output_limit`` below 1. Raised
+  before anything runs; the sandbox stays usable. Envs answer it as the action's error, not as an infra failure.
 - ``HostCapacityError(SandboxError)``: the host cannot hold one more sandbox (``.limit``: "memory", "pids" or
   "fds"; ``.need``, ``.have``); raised before anything is created.
 - ``sweep(run=None, everything=False) -> SweepReport``; ``build_image("base"|"busybox")``; ``rootfs_path(image)``;
@@ -104,9 +108,12 @@ from .guards import HostCapacityError, HostGuard, HostLimits
 from .pool import ExecGate, SandboxPool, TokenBucket
 from .snapshot import Snapshot, restore_snapshot, take_snapshot
 from .sweep import SweepReport, sweep
+from .wrappers import MAX_COMMAND_BYTES, BadCommand
 
 __all__ = [
+    "MAX_COMMAND_BYTES",
     "SANDBOX_FAILURE_CAUSES",
+    "BadCommand",
     "BwrapSandbox",
     "DockerSandbox",
     "ExecGate",

@@ -54,7 +54,7 @@ from .base import (
     to_thread,
     unregister_live,
 )
-from .wrappers import TIMEOUT_EXIT, check_timeout, command_string, done_code, wrap_command
+from .wrappers import TIMEOUT_EXIT, check_exec, done_code, wrap_command
 from .bwrap_state import PrivateMounts, private_tmpfs, release_state, safe_name
 from .cgroups import Cgroup, cgroup_mode, oom_kills
 from .lifecycle import make_under_run_dir
@@ -465,13 +465,13 @@ class BwrapSandbox(Sandbox):
         output_limit: int | None = None,
     ) -> ExecResult:
         self._check_alive()
-        check_timeout(timeout)
+        text = check_exec(cmd, timeout, cwd, env, output_limit)
         out = OutputCap(output_limit or self.spec.output_limit)
         memcg = self.cgroup.dirs[0] if self.cgroup is not None else None  # v1: memory is the first controller
         ooms = oom_kills(memcg)
         async with self._exec_slot():
             t0 = time.monotonic()
-            code, _, timed_out = await self._run(command_string(cmd), plain=False, timeout=timeout, sink=out.feed,
+            code, _, timed_out = await self._run(text, plain=False, timeout=timeout, sink=out.feed,
                                                  cwd=self._abs(cwd) if cwd else None, env=env)
         after = oom_kills(memcg)
         return ExecResult(output=out.text(), exit_code=code, timed_out=timed_out, truncated=out.truncated,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shlex
 import socket
 import subprocess
 import time
@@ -53,7 +52,7 @@ from .base import (
 )
 from .cgroups import ContainerGroups, memory_cgroup_of, oom_kills
 from .docker_engine import _is_transient, _Stream, docker_available, docker_client  # noqa: F401 (re-exported)
-from .wrappers import STATUS_TIMEOUT, TIMEOUT_EXIT, check_timeout, done_code, watchdog_command, wrap_command
+from .wrappers import STATUS_TIMEOUT, TIMEOUT_EXIT, check_exec, done_code, watchdog_command, wrap_command
 
 log = logging.getLogger("agentrl.sandboxes")
 
@@ -447,8 +446,7 @@ class DockerSandbox(Sandbox):
         output_limit: int | None = None,
     ) -> ExecResult:
         self._check_alive()
-        check_timeout(timeout)
-        text = cmd if isinstance(cmd, str) else shlex.join([str(c) for c in cmd])
+        text = check_exec(cmd, timeout, cwd, env, output_limit)
         async with self._exec_slot():
             return await to_thread(self._exec_sync, text, timeout, cwd, env, output_limit or self.spec.output_limit)
 

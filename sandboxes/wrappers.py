@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Sequence
+from typing import Mapping, Sequence
 
 # The exec wrapper, a POSIX sh script (dash and busybox ash both run it), run inside the sandbox as
 #   sh -c EXEC_WRAPPER sh MARKER FLAGS COMMAND
@@ -101,6 +101,49 @@ def command_string(cmd: str | Sequence[str]) -> str:
     if isinstance(cmd, str):
         return cmd
     return shlex.join([str(c) for c in cmd])
+
+
+# The kernel takes no single argument over MAX_ARG_STRLEN (32 pages, 131,072 bytes with its NUL), and the command
+# is one argument of ``sh -c`` in every backend: past it bwrap cannot start and docker's exec fails with no output.
+MAX_COMMAND_BYTES = 131_071
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class BadCommand(ValueError):
+    """An exec's command, env, cwd or output limit that no sandbox can run as given: the caller's input, not the
+    sandbox's failure (the sandbox is untouched and stays usable)."""
+
+
+def _text(s: str, what: str) -> None:
+    if "\x00" in s:
+        raise BadCommand(f"{what} holds a NUL byte, which no process argument or environment can carry")
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadCommand(f"{what} holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not Unicode text") from None
+
+
+def check_exec(cmd: str | Sequence[str], timeout: float, cwd: str | None, env: Mapping[str, str] | None,
+               output_limit: int | None) -> str:
+    """The command as one shell string, once every argument of an exec is one a sandbox can run (the same answer
+    from every backend); else :class:`BadCommand` (or ValueError for the timeout) naming what is wrong."""
+    check_timeout(timeout)
+    text = command_string(cmd)
+    _text(text, "the command")
+    if (n := len(text.encode())) > MAX_COMMAND_BYTES:
+        raise BadCommand(f"the command is {n:,} bytes; one command may be at most {MAX_COMMAND_BYTES:,} (the "
+                         f"kernel's limit on one argument): send long content in parts, or with write_file")
+    for k, v in (env or {}).items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise BadCommand(f"env name {k!r} is not a variable name (letters, digits and _, not first a digit)")
+        if not isinstance(v, str):
+            raise BadCommand(f"env {k}: the value must be a string, got {type(v).__name__}")
+        _text(v, f"env {k}")
+    if cwd is not None:
+        _text(cwd, "cwd")
+    if output_limit is not None and not (isinstance(output_limit, int) and output_limit >= 1):
+        raise BadCommand(f"output_limit must be a positive number of bytes, got {output_limit!r}")
+    return text
 
 
 def check_timeout(timeout: float) -> float:

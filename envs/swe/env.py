@@ -388,7 +388,12 @@ class SWEEnv(Env):
         if call.name == "submit":
             return False, "error: submit takes no arguments"
         assert self._actions is not None
-        return await getattr(self._actions, call.name)(**call.arguments)
+        from agentrl.sandboxes import BadCommand
+
+        try:
+            return await getattr(self._actions, call.name)(**call.arguments)
+        except BadCommand as e:  # e.g. a NUL byte in a path or command: the call's error, the sandbox is fine
+            return False, f"error: {call.name}: {e}"
 
     async def _exec(self, cmd: str, timeout: float | None = None) -> Any:
         remaining = self.config.max_time_s - (time.monotonic() - self._t0)

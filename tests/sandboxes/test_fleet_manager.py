@@ -194,3 +194,25 @@ async def test_a_task_whose_first_attempt_was_lost_before_its_hold_was_seen_hold
     assert policy.held == 1 and policy.job_errors == []
     later = _session(policy, 2)
     assert not (await later.act([{"content": "sandbox c, ready"}])).text.startswith("sleep 300")
+
+
+async def test_a_shell_action_no_sandbox_can_run_is_the_models_error_not_an_infra_failure(busybox_spec):
+    """A model's action with a NUL byte (a byte-level tokenizer can sample one) or over the command limit raised out
+    of the step; now it is an observation, the episode goes on in the same sandbox, and the next action runs."""
+    from agentrl.envs.shell import ShellEnv
+    from agentrl.sandboxes import MAX_COMMAND_BYTES
+
+    pool = SandboxPool(max_alive=2)
+    env = ShellEnv(pool=pool, spec=busybox_spec, max_turns=4)
+    try:
+        await env.areset(seed=0)
+        sb = env.sandbox
+        for action in ("echo a\x00b", "echo " + "x" * MAX_COMMAND_BYTES):
+            obs, reward, done, truncated, info = await env.astep(action)
+            assert obs[0]["content"].startswith("error: ") and info["invalid_action"], obs
+            assert (reward, done, truncated) == (0.0, False, False)
+        obs, reward, done, truncated, info = await env.astep("echo done")
+        assert env.sandbox is sb and done and reward == 1.0, obs
+    finally:
+        await env.aclose()
+        await pool.close()

@@ -443,3 +443,27 @@ async def test_docker_exec_groups_in_the_v1_freezer(monkeypatch):
         left = await until_gone(sb, "sleep 105")
         assert not left, left
         assert not sb.groups.groups()  # every exec group was removed
+
+
+# (9) an exec's input no sandbox can run: the same clear error from every backend ----------------------------------
+async def test_commands_no_sandbox_can_run_are_bad_commands_and_the_sandbox_stays_usable(busybox_spec):
+    """bwrap raised ValueError or UnicodeEncodeError on some of these and could not start on a long command (a
+    SandboxError, as if the sandbox had failed); docker ran them and answered exit 1 with no output, or exit 126.
+    Now both raise BadCommand naming the input before anything runs, and a command at the limit runs."""
+    from agentrl.sandboxes import MAX_COMMAND_BYTES, BadCommand
+
+    bad = [(dict(cmd="echo a\x00b"), "NUL"), (dict(cmd=["echo", "a\x00b"]), "NUL"),
+           (dict(cmd="echo \ud800"), "surrogate"), (dict(cmd="echo " + "x" * MAX_COMMAND_BYTES), "at most"),
+           (dict(cmd="echo $A", env={"A": "x\x00y"}), "env A"), (dict(cmd="echo $A", env={"A": "\ud800"}), "env A"),
+           (dict(cmd="true", env={"A=B": "x"}), "env name"), (dict(cmd="true", env={"": "x"}), "env name"),
+           (dict(cmd="pwd", cwd="a\x00b"), "cwd"), (dict(cmd="true", output_limit=-1), "output_limit")]
+    async with create_sandbox(busybox_spec) as sb:
+        for kw, words in bad:
+            cmd = kw.pop("cmd")
+            with pytest.raises(BadCommand, match=words):
+                await sb.exec(cmd, **kw)
+        # at the limit: one 131,071-byte argument runs (printf is a busybox builtin: no second exec of it)
+        pad = MAX_COMMAND_BYTES - len("printf %s ") - len(" | wc -c")
+        r = await sb.exec("printf %s " + "y" * pad + " | wc -c", timeout=60)
+        assert r.exit_code == 0 and r.output.strip() == str(pad), r.output[:200]
+        assert (await sb.exec("echo still usable")).output.strip() == "still usable"

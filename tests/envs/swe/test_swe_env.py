@@ -79,6 +79,9 @@ async def test_invalid_calls_tools_and_truncation_grades_current_diff():
         (call("str_replace", {"path": "statsmini/describe.py", "old_str": "values", "new_str": "v"}), "occurs"),
         (call("create", {"path": "README.md", "file_text": "x"}), "already exists"),
         (call("submit", {"now": True}), "unknown argument"),
+        # no sandbox can run a NUL byte (BadCommand): the call's error, not an exception out of the step
+        (call("bash", {"command": "echo a\x00b"}), "NUL byte"),
+        (call("view", {"path": "a\x00b.py"}), "NUL byte"),
     ]
     ok_actions = [
         (call("bash", {"command": "sleep 30", "timeout": 1}), "timed out"),
