@@ -95,6 +95,8 @@ def _convert(value: Any, tp: Any, path: str, src: str) -> Any:
             return float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail()
+        if value != value:  # NaN passes every "x < bound" check (all comparisons are False), then poisons the run
+            raise fail("NaN is not a value a config can hold; give a number")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -50,6 +50,9 @@ def test_loads_nested_and_defaults(tmp_path):
         ("name: x\nsteps: 0\n", "<root>: steps must be >= 1"),
         ("- a\n- b\n", "expected a mapping"),
         ("name: [unclosed\n", "invalid YAML"),
+        # NaN passes every "x < 0" bound (each comparison is False) and then poisons what reads it: never a value
+        ("name: x\noptim:\n  lr: .nan\n", "optim.lr: NaN is not a value"),
+        ("name: x\noptim:\n  betas: [0.9, .NaN]\n", "optim.betas[1]: NaN is not a value"),
     ],
 )
 def test_errors_name_file_and_key(tmp_path, text, needle):
@@ -67,6 +70,9 @@ def test_overrides(tmp_path):
         load(Cfg, write(tmp_path, "name: x\n"), ["steps=abc"])
     with pytest.raises(ConfigError, match="key.sub=value"):
         apply_overrides({}, ["steps"])
+    with pytest.raises(ConfigError, match="optim.lr: NaN"):
+        load(Cfg, write(tmp_path, "name: x\n"), ["optim.lr=.nan"])
+    assert load(Cfg, write(tmp_path, "name: x\n"), ["optim.lr=.inf"]).optim.lr == float("inf")  # a bound's job
 
 
 def test_float_in_exponent_form(tmp_path):
