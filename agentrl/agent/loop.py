@@ -44,6 +44,7 @@ One :class:`AgentLoopSession` per episode keeps the trajectory's token ids acros
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,7 +128,7 @@ class RolloutConfig:
 
 def _check_messages(messages: Any) -> list[Message]:
     if isinstance(messages, str):
-        return [{"role": "user", "content": messages}]
+        return [{"role": "user", "content": _unicode(messages)}]
     if not isinstance(messages, (list, tuple)):
         raise TypeError(f"new_messages must be a list of chat messages, got {type(messages).__name__}")
     out = []
@@ -136,8 +137,21 @@ def _check_messages(messages: Any) -> list[Message]:
             raise ValueError(
                 f"new_messages[{i}] must be a dict with role in {_ROLES} and a string content, got {m!r:.200}"
             )
-        out.append(dict(m))  # extra keys (tool_call_id, name) pass through to the template
+        out.append(dict(m, content=_unicode(m["content"])))  # extra keys (tool_call_id, name) pass through
     return out
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode(text: str) -> str:
+    """``text`` with each lone surrogate (an env's bytes decoded with surrogateescape, a JSON ``\\udc80``) read as
+    U+FFFD, as undecodable bytes are: the tokenizer raises on them."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
 
 
 class AgentLoopSession(PolicySession):

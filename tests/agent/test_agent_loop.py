@@ -355,6 +355,19 @@ async def test_bad_input_is_reported_clearly(tok):
     traj_of(s)
 
 
+async def test_an_observation_with_a_lone_surrogate_is_read_with_replacement_characters(tok):
+    """An env's text may hold a lone surrogate (bytes decoded with surrogateescape, a JSON "\\udc80"): the tokenizer
+    raised TypeError on it and the episode died at its next act. It is read as U+FFFD, as undecodable bytes are."""
+    eos = tok.eos_token_id
+    engine = FakeEngine(replies(tok, ("ok", True), ("ok", True)), eos)
+    s = AgentLoopPolicy(engine, tok, RolloutConfig(max_tokens_per_turn=8)).session(meta())
+    assert (await s.act([{"role": "user", "content": "bytes: \udc80\udcff end"}])).text == "ok"
+    assert (await s.act("more \ud800")).text == "ok"
+    text = tok.decode(s.token_ids)
+    assert "bytes: \ufffd\ufffd end" in text and "more \ufffd" in text
+    traj_of(s)
+
+
 class MisalignedEngine(FakeEngine):
     async def generate(self, prompt_ids, params, *, request_id, session_id=None):
         return Generation([1, 2], [-1.0], [0, 0], "length")
