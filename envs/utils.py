@@ -41,6 +41,15 @@ def preview(text: str, limit: int = 40) -> str:
     return one_line if len(one_line) <= limit else one_line[: limit - 3] + "..."
 
 
+def cap_text(text: str, limit: int) -> str:
+    """Returns ``text`` with at most ``limit`` characters (and a marker line): its head and tail around the marker."""
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head
+    return f"{text[:head]}\n[... {len(text) - limit:,} characters truncated ...]\n{text[-tail:]}"
+
+
 def last_content(conversation: list[Message], roles: tuple[str, ...] = ("user",)) -> str:
     """Returns the content of the last message whose role is in ``roles`` (``""`` if there is none)."""
     for m in reversed(conversation):

@@ -37,7 +37,7 @@ from typing import Any, Callable
 from agentrl.core import Env, Message, StepResult, run_sync
 from agentrl.envs.bridges.mcp_client import MCPConnection, MCPServerError, ToolSpec
 from agentrl.envs.calc import parse_number
-from agentrl.envs.utils import extract_answer, preview
+from agentrl.envs.utils import cap_text, extract_answer, preview
 from agentrl.tools import parse_tool_calls
 
 DEMO_TASKS = Path(__file__).parent / "data" / "mcp_demo_tasks.jsonl"
@@ -87,7 +87,8 @@ class MCPToolEnv(Env):
     expose; default all but the checker's), ``max_calls_per_turn`` (4), ``invalid_reward`` (0.0, the reward of a
     step with an invalid action), ``start_timeout_s`` (30), ``call_timeout_s`` (30), ``sandbox`` (``"bwrap"``: the
     stdio server runs in a bubblewrap sandbox, :mod:`agentrl.envs.bridges.mcp_sandbox`; default none),
-    ``sandbox_binds`` (more host paths it may read), ``sandbox_network`` (False).
+    ``sandbox_binds`` (more host paths it may read), ``sandbox_network`` (False), ``max_output_chars`` (16,384: a
+    tool's answer past it keeps its head and tail around a marker).
     """
 
     description = "MCP server's tools as a multi-turn tool env (kwargs server= or url=, tasks=, checker=)"
@@ -96,7 +97,8 @@ class MCPToolEnv(Env):
                  server_env: dict[str, str] | None = None, tasks: str | None = None, checker: str | Callable = "exact",
                  tools: list[str] | None = None, max_calls_per_turn: int = 4, invalid_reward: float = 0.0,
                  start_timeout_s: float = 30.0, call_timeout_s: float = 30.0, sandbox: str | None = None,
-                 sandbox_binds: list[str] | None = None, sandbox_network: bool = False):
+                 sandbox_binds: list[str] | None = None, sandbox_network: bool = False,
+                 max_output_chars: int = 16_384):
         super().__init__()
         if sandbox not in (None, "bwrap"):
             raise ValueError(f"MCPToolEnv: sandbox must be 'bwrap' or None, got {sandbox!r}")
@@ -115,6 +117,9 @@ class MCPToolEnv(Env):
                 raise ValueError(f"MCPToolEnv: {name} must be in (0, 3600] seconds, got {value!r}")
         if not isinstance(max_calls_per_turn, int) or max_calls_per_turn < 1:
             raise ValueError(f"MCPToolEnv: max_calls_per_turn must be a positive int, got {max_calls_per_turn!r}")
+        if not isinstance(max_output_chars, int) or max_output_chars < 1:
+            raise ValueError(f"MCPToolEnv: max_output_chars must be a positive int, got {max_output_chars!r}")
+        self.max_output_chars = max_output_chars
         self.server, self.url = server, url
         self.server_env = dict(server_env) if server_env else None  # added to the SDK's minimal default environment
         self.sandbox, self.sandbox_binds, self.sandbox_network = sandbox, list(sandbox_binds or ()), bool(sandbox_network)
@@ -238,6 +243,7 @@ class MCPToolEnv(Env):
                 invalid = True
                 continue
             is_error, result = self.conn.call(call.name, call.arguments)
+            result = cap_text(result, self.max_output_chars)
             invalid |= is_error
             out.append({"role": "tool", "name": call.name, "content": f"error: {result}" if is_error else result})
         out.extend({"role": "tool", "content": f"error: {e}"} for e in parsed.errors)

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from agentrl.core import Env, Message, Observation, StepResult
+from agentrl.envs.utils import cap_text
 from agentrl.tools import ToolCall, format_tool_call, parse_tool_calls
 
 from . import runners
@@ -114,15 +115,6 @@ You may make several calls in one message; they run in order. Tools:
 {tools}
 Make the smallest change that resolves the issue, check it by running the tests, then call submit. Your changes \
 are taken as `git diff` against the original commit; changes to test files are discarded when grading."""
-
-
-def _cap(text: str, limit: int) -> str:
-    """Returns ``text`` with at most ``limit`` characters: its head and tail around a marker."""
-    if len(text) <= limit:
-        return text
-    head = limit // 2
-    tail = limit - head
-    return f"{text[:head]}\n[... {len(text) - limit} characters truncated ...]\n{text[-tail:]}"
 
 
 def _sandbox_spec(sandbox: Any) -> Any:
@@ -290,7 +282,7 @@ class SWEEnv(Env):
                     break
                 ok, text = await self._call(call)
                 invalid += not ok
-                text = _cap(text, self.config.max_output_chars)
+                text = cap_text(text, self.config.max_output_chars)
                 self._output_chars += len(text)
                 msgs.append({"role": "tool", "name": call.name, "content": text})
         except SandboxError as e:

@@ -1,7 +1,8 @@
 """A stdio MCP server written with the ``mcp`` SDK for the MCP env's fault tests (run as a file).
 
 Tools: ``echo(text)``; ``hang(seconds)`` blocks that long before answering (a server too slow for the call timeout);
-``crash()`` ends the process without answering (a server that dies mid-call).
+``crash()`` ends the process without answering (a server that dies mid-call); ``flood(chars)`` answers that many
+characters (a tool whose output is far past any context).
 """
 
 import os
@@ -21,6 +22,11 @@ def echo(text: str) -> str:
 def hang(seconds: float) -> str:
     time.sleep(seconds)
     return "done"
+
+
+@server.tool(description="Answers that many characters.")
+def flood(chars: int) -> str:
+    return "head " + "y" * chars + " tail"
 
 
 @server.tool(description="Ends the server process without answering.")

@@ -228,6 +228,21 @@ def test_a_server_that_dies_during_a_call_or_hangs_fails_fast_and_is_ended():
     assert not _servers_running("mcp_fault_server.py")
 
 
+def test_a_tools_output_is_capped_to_max_output_chars_head_and_tail():
+    """A 5 MB answer went whole into the observation (and through the tokenizer and Ray)."""
+    env = agentrl.make(MCP, server=FAULT_SERVER, max_output_chars=1000)
+    try:
+        env.reset(seed=0)
+        text = env.step(format_tool_call("flood", {"chars": 5_000_000}))[0][0]["content"]
+        assert len(text) < 1100 and text.startswith("head yyy") and text.endswith("yyy tail")
+        assert "4,999,010 characters truncated" in text
+        assert env.step(format_tool_call("echo", {"text": "hi"}))[0][0]["content"] == "hi"
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="max_output_chars"):
+        agentrl.make(MCP, server=FAULT_SERVER, max_output_chars=0)
+
+
 def test_a_garbage_or_missing_server_fails_reset_with_a_clear_error():
     garbage = [sys.executable, "-c", "print('not json-rpc'); import time; time.sleep(120)  # agentrl-garbage-server"]
     env = agentrl.make(MCP, server=garbage, start_timeout_s=2)
