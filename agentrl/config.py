@@ -177,13 +177,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "<
     return data
 
 
-def load(cls: type[T], path: str | os.PathLike, overrides: list[str] | None = None) -> T:
-    """Reads the YAML file at ``path``, applies ``overrides``, and returns a validated ``cls``."""
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """The mapping in the YAML file at ``path`` (empty file: ``{}``); :class:`ConfigError` naming the file when it
+    cannot be read, is not UTF-8 text, is not YAML or holds something other than a mapping."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{p}: cannot read config: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}): a config is a YAML file") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -192,8 +195,13 @@ def load(cls: type[T], path: str | os.PathLike, overrides: list[str] | None = No
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: <root>: expected a mapping, got {type(data).__name__}")
-    data = apply_overrides(data, overrides or [])
-    return from_dict(cls, data, str(p))
+    return data
+
+
+def load(cls: type[T], path: str | os.PathLike, overrides: list[str] | None = None) -> T:
+    """Reads the YAML file at ``path``, applies ``overrides``, and returns a validated ``cls``."""
+    data = apply_overrides(read_yaml(path), overrides or [])
+    return from_dict(cls, data, str(Path(path)))
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

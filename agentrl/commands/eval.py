@@ -151,9 +151,7 @@ def _apply(data: dict[str, Any], direct: dict[str, Any]) -> dict[str, Any]:
 def _main(args: argparse.Namespace) -> int:
     if args.config == "validate-swe":
         return _validate_swe(args)
-    import yaml
-
-    from agentrl.config import ConfigError, apply_overrides, from_dict
+    from agentrl.config import apply_overrides, from_dict, read_yaml
     from agentrl.eval import EvalConfig, run_eval
 
     overrides, direct = _flags_to_overrides(args)
@@ -161,15 +159,7 @@ def _main(args: argparse.Namespace) -> int:
     data: dict[str, Any] = {}
     if args.config:
         source = args.config
-        try:
-            with open(args.config, encoding="utf-8") as f:
-                data = yaml.safe_load(f) or {}
-        except OSError as e:
-            raise ConfigError(f"{args.config}: cannot read config: {e.strerror}") from e
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{args.config}: invalid YAML: {e}") from e
-        if not isinstance(data, dict):
-            raise ConfigError(f"{args.config}: <root>: expected a mapping, got {type(data).__name__}")
+        data = read_yaml(args.config)
     data = apply_overrides(_apply_swe_flags(args, _apply(data, direct)), overrides, source)
     cfg = from_dict(EvalConfig, data, source)
     result = run_eval(cfg)

@@ -83,6 +83,13 @@ def test_float_in_exponent_form(tmp_path):
         load(Cfg, write(tmp_path, "name: x\n"), ["optim.lr=e5"])
 
 
+def test_a_config_that_is_not_utf8_text_is_a_config_error(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_bytes(b"name: x\x00\xff\xfe\n")
+    with pytest.raises(ConfigError, match=f"{p}: not UTF-8 text"):
+        load(Cfg, p)
+
+
 def test_missing_file_is_clear(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config"):
         load(Cfg, tmp_path / "nope.yaml")
