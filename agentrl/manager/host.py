@@ -17,6 +17,7 @@ which neither holds a pool slot nor blocks process exit. Where a host runs, and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import math
 import numbers
@@ -24,7 +25,7 @@ import os
 import resource
 import time
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -137,23 +138,39 @@ def check_step(result: Any) -> tuple[list[Message], float, bool, bool, dict[str,
     return check_messages(obs, "step"), reward, bool(terminated), bool(truncated), info
 
 
+class EnvExit(RuntimeError):
+    """An env called ``sys.exit`` (a text game's "quit", a script's way out): a failed call of that env. Left as
+    SystemExit, asyncio re-raises it out of the event loop and the whole worker (or driver) ends."""
+
+
+@contextlib.contextmanager
+def _no_exit() -> Iterator[None]:
+    try:
+        yield
+    except SystemExit as e:
+        raise EnvExit(f"the env called sys.exit({e.code!r}); an env may end its episode, not the process") from None
+
+
 async def _areset(env: Any, seed: int | None, options: dict[str, Any] | None) -> Any:
-    if hasattr(env, "areset"):
-        return await env.areset(seed=seed, options=options)
-    return await run_sync(env.reset, seed=seed, options=options)
+    with _no_exit():
+        if hasattr(env, "areset"):
+            return await env.areset(seed=seed, options=options)
+        return await run_sync(env.reset, seed=seed, options=options)
 
 
 async def _astep(env: Any, action: str) -> Any:
-    if hasattr(env, "astep"):
-        return await env.astep(action)
-    return await run_sync(env.step, action)
+    with _no_exit():
+        if hasattr(env, "astep"):
+            return await env.astep(action)
+        return await run_sync(env.step, action)
 
 
 async def _aclose(env: Any) -> None:
-    if hasattr(env, "aclose"):
-        await env.aclose()
-    else:
-        await run_sync(env.close)
+    with _no_exit():
+        if hasattr(env, "aclose"):
+            await env.aclose()
+        else:
+            await run_sync(env.close)
 
 
 def _rss_bytes() -> int:
@@ -261,7 +278,8 @@ class EnvHost:
         if handle in self._envs:
             return self._err("protocol", f"handle {handle!r} is already open on worker {self.name}")
         try:
-            env = make_env(env_id, dict(env_kwargs))
+            with _no_exit():
+                env = make_env(env_id, dict(env_kwargs))
         except Exception as e:
             return self._err("make", f"cannot make env {env_id!r}: {e!r}", _tb_summary(e))
         self._envs[handle] = env

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import sys
 import threading
 import time
 from typing import Any
@@ -31,7 +32,7 @@ EVENTS: list[tuple[Any, str]] = []
 _CREATED: dict[Any, int] = {}
 _FAILED_ONCE: set[tuple[Any, int]] = set()  # (tag, seed) of the transient failures already raised
 
-FAULTS = ("raise", "hang", "garbage", "bad_reward", "nan_reward", "bad_obs", "bad_info")
+FAULTS = ("raise", "hang", "garbage", "bad_reward", "nan_reward", "bad_obs", "bad_info", "exit")
 
 
 class SleepEnv(Env):
@@ -109,6 +110,8 @@ class SleepEnv(Env):
         fault = self._fault_now(-1)
         if fault == "raise":
             raise RuntimeError(f"injected reset failure (tag={self.tag})")
+        if fault == "exit":  # a game that quits the way a script does
+            sys.exit(3)
         if fault == "hang":
             await asyncio.Event().wait()
         if fault == "garbage":
@@ -142,6 +145,8 @@ class SleepEnv(Env):
         reward: Any = self.reward_per_step
         if fault == "raise":
             raise ValueError(f"injected step failure at turn {self.t} (tag={self.tag})")
+        if fault == "exit":
+            sys.exit(3)
         if fault == "garbage":
             return obs, reward, done  # 3-tuple
         if fault == "bad_reward":
@@ -168,15 +173,18 @@ class SyncSleepEnv(Env):
     _active = 0
     max_parallel = 0
 
-    def __init__(self, turns: int = 2, step_latency: float = 0.05, tag: Any = None):
+    def __init__(self, turns: int = 2, step_latency: float = 0.05, tag: Any = None, exit_on_step: bool = False):
         super().__init__()
         self.turns, self.step_latency, self.tag, self.t = turns, step_latency, tag, 0
+        self.exit_on_step = exit_on_step  # step calls sys.exit(3), in the env thread pool
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self.t = 0
         return f"sync task seed={seed}", {}
 
     def step(self, action: str):
+        if self.exit_on_step:
+            sys.exit(3)
         EVENTS.append((self.tag, f"step_thread:{threading.current_thread().name}"))
         cls = SyncSleepEnv
         with cls._lock:

@@ -132,6 +132,9 @@ async def test_sync_env_runs_in_thread_pool_without_blocking_the_loop():
 @pytest.mark.parametrize("kwargs, expect, cause", [
     ({"fault": "raise"}, "ValueError('injected step failure", "env_exception"),
     ({"fault": "raise", "fault_at": -1}, "RuntimeError('injected reset failure", "env_exception"),
+    # an env calling sys.exit (a text game's "quit") ended the worker's event loop with SystemExit
+    ({"fault": "exit"}, "sys.exit(3)", "env_exception"),
+    ({"fault": "exit", "fault_at": -1}, "sys.exit(3)", "env_exception"),
     ({"fault": "hang", "fault_at": 1}, "kind='timeout'", "env_timeout"),
     ({"fault": "hang", "fault_at": -1}, "kind='timeout'", "env_timeout"),
     ({"fault": "garbage"}, "5-tuple", "env_protocol"),
@@ -160,6 +163,13 @@ async def test_env_faults_end_the_episode_with_error_and_nothing_else_stops(kwar
     assert bad.info["failure_cause"] == cause and met[f"failures/{cause}"] == 3
     assert all(t.info["failure_cause"] == cause for t in m.failed)
     assert stats["live"] == 0 and stats["inflight"] == 0
+
+
+async def test_a_sync_env_calling_sys_exit_in_its_thread_fails_its_episode_not_the_process():
+    async with EnvManager(ManagerConfig(max_failures_per_group=0), EchoPolicy()) as m:
+        trajs = await m.run_episodes([EpisodeSpec(SYNC, {"exit_on_step": True}), EpisodeSpec(SYNC, {})])
+    assert trajs[0].termination == "error" and "sys.exit(3)" in trajs[0].error, trajs[0].error
+    assert trajs[1].termination == "terminated"
 
 
 async def test_policy_exception_is_an_episode_error():
