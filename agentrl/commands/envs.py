@@ -1,6 +1,7 @@
 """``agentrl envs list`` and ``agentrl envs check ID...|--all``.
 
-``check`` runs, per env: ``agentrl.make``, gymnasium's ``check_env`` on the unwrapped env (any warning it raises
+``check`` runs, per env: ``agentrl.make``, a check that its observations and actions are text (a numeric gymnasium
+env such as CartPole fails there, with its spaces named), gymnasium's ``check_env`` on the unwrapped env (any warning it raises
 counts as a failure), a seeded episode through the registered wrappers whose actions alternate between
 ``env.action_space.sample()`` and the env's scripted solver (random text alone when it has none; every returned
 value is checked against the spaces and types), the async path (``areset`` must give the same opening as
@@ -187,6 +188,8 @@ def check_env_id(env_id: str, *, seed: int = 0, max_steps: int = 50,
     env = None
     try:
         env = agentrl.make(env_id, **(env_kwargs or {}))
+        stage = "spaces"
+        _text_spaces(env)
         stage = "check_env"
         _gymnasium_check(env.unwrapped)
         notes.append("check_env ok")
@@ -214,6 +217,19 @@ def check_env_id(env_id: str, *, seed: int = 0, max_steps: int = 50,
                 env.close()
             except Exception:
                 pass
+
+
+def _text_spaces(env: Any) -> None:
+    """A gymnasium env whose observations or actions are not text (CartPole's Box, FrozenLake's Discrete) failed
+    later with an unrelated TypeError; say what is wrong."""
+    from gymnasium import spaces
+
+    from agentrl.core import MessagesSpace, TextSpace
+
+    obs, act = env.observation_space, env.action_space
+    if not isinstance(obs, (MessagesSpace, TextSpace, spaces.Text)) or not isinstance(act, (TextSpace, spaces.Text)):
+        raise _CheckFailed(f"observations {obs}, actions {act}: an agentrl env takes text actions and gives text or "
+                           f"chat-message observations; wrap this env so that both are text (README, 'Environments')")
 
 
 def _gymnasium_check(env: Any) -> None:

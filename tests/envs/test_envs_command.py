@@ -90,6 +90,17 @@ def test_check_reports_broken_envs_and_fails(capsys, broken_envs):
     assert lines[-1] == "1 passed, 2 failed"
 
 
+def test_check_names_the_spaces_of_a_gymnasium_env_that_is_not_text(capsys):
+    """FrozenLake-v1 (Discrete observations and actions) failed with "TypeError: 'int' object is not iterable",
+    Blackjack-v1 with "AttributeError: ... no attribute 'areset'"."""
+    assert main(["envs", "check", "FrozenLake-v1", "Blackjack-v1", "CartPole-v1"]) == 1
+    lines = [line for line in _lines(capsys.readouterr().out) if line.startswith("FAIL")]
+    assert len(lines) == 3
+    for line in lines:
+        assert "spaces: observations " in line and "take" in line and "text actions" in line, line
+    assert "Discrete(16), actions Discrete(4)" in lines[0]
+
+
 def test_check_all_includes_registered_envs(capsys, broken_envs):
     assert main(["envs", "check", "--all"]) == 1
     out = capsys.readouterr().out
