@@ -45,6 +45,7 @@ from typing import Any, Callable
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.router import Router
+from agentrl.tools import JSON_ERRORS
 
 GENERATE_PATH = "/inference/v1/generate"
 ABORT_PATH = "/inference/v1/abort_requests"
@@ -312,7 +313,14 @@ class RemoteEngine(InferenceEngine):
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                chunk = json.loads(data)
+                try:
+                    chunk = json.loads(data)
+                except JSON_ERRORS:
+                    raise RemoteEngineError(f"{server.url}: request {body['request_id']}: a stream line is not JSON: "
+                                            f"{data[:200]!r}") from None
+                if not isinstance(chunk, dict):
+                    raise RemoteEngineError(f"{server.url}: request {body['request_id']}: a stream chunk is not an "
+                                            f"object: {data[:200]!r}")
                 if "error" in chunk and not chunk.get("choices"):
                     err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]}
                     if 400 <= int(err.get("code") or 500) < 500:

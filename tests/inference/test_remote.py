@@ -310,6 +310,17 @@ async def test_stream_cut_before_final_chunk_returns_no_tokens():
         assert whole.token_ids == [11, 12, 13] and whole.versions == [4, 4, 4] and whole.logprobs == [-1.0] * 3
 
 
+async def test_a_stream_line_that_is_not_json_is_the_servers_error_named():
+    """A proxy's HTML page or a torn line in the SSE stream raised a bare JSONDecodeError out of generate()."""
+
+    async def rest(body):
+        return b"data: <html>502 Bad Gateway</html>\n\n"
+
+    async with _fake_server([11], rest) as eng:
+        with pytest.raises(RemoteEngineError, match="not JSON.*502 Bad Gateway"):
+            await eng.generate([1, 2], SamplingParams(max_tokens=3), request_id="garbled")
+
+
 async def test_streaming_tells_each_chunk_as_the_server_sends_it():
     """``generate_streaming`` over SSE: the server holds its final chunk until the first ids were told (a client
     that told only at the end would hang here, so the stream is live), what was told is the generation, and a
