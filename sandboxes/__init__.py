@@ -52,7 +52,7 @@ Public API
   ``restore_snapshot(sb, snap)``: reset, then the work dir holds exactly the snapshot again (per episode, instead of
   a rebuild); the pool's ``keep_warm(..., snapshot=)`` and ``acquire(..., reuse=True, snapshot=)`` use it.
 - ``BadCommand(ValueError)``: an exec's input that no sandbox can run, the same from every backend: a NUL byte or a
-  lone surrogate in the command, an env value or the cwd; a command over ``MAX_COMMAND_BYTES`` (131,071: the
+  lone surrogate in the command, an env value, the cwd or a file operation's path; a command over ``MAX_COMMAND_BYTES`` (131,071: the
   kernel's limit on one argument); an env name that is not a variable name; an ``output_limit`` below 1. Raised
   before anything runs; the sandbox stays usable. Envs answer it as the action's error, not as an infra failure.
 - ``HostCapacityError(SandboxError)``: the host cannot hold one more sandbox (``.limit``: "memory", "pids" or

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from .lifecycle import (LABEL_DRIVER, LABEL_EXPIRES, LABEL_RUN, LABEL_SANDBOX, cleanup_all, default_run_id,  # noqa: F401
                         driver_tag, install_exit_hooks, register_live, run_id, state_root, to_thread,
                         unregister_live)
-from .wrappers import WIPE_SCRIPT
+from .wrappers import WIPE_SCRIPT, check_text
 
 if TYPE_CHECKING:
     from .pool import ExecGate
@@ -355,6 +355,8 @@ class Sandbox(abc.ABC):
         self._check_alive()
         if isinstance(data, str):
             data = data.encode()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"write_file({path!r}): data must be bytes or str, got {type(data).__name__}")
         q = shlex.quote(self._abs(path))
         await self._checked(f'mkdir -p "$(dirname {q})" && cat > {q} && chmod {mode:o} {q}', f"write_file({path!r})",
                             stdin=data)
@@ -471,6 +473,7 @@ class Sandbox(abc.ABC):
 
     # helpers ------------------------------------------------------------------------------------------------
     def _abs(self, path: str) -> str:
+        check_text(path, f"the path {path!r}")  # BadCommand: no process can take it as an argument
         return path if path.startswith("/") else f"{self.spec.workdir.rstrip('/')}/{path}"
 
     def _check_alive(self) -> None:

@@ -110,11 +110,12 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class BadCommand(ValueError):
-    """An exec's command, env, cwd or output limit that no sandbox can run as given: the caller's input, not the
-    sandbox's failure (the sandbox is untouched and stays usable)."""
+    """An exec's command, env, cwd or output limit, or a file operation's path, that no sandbox can take as given:
+    the caller's input, not the sandbox's failure (the sandbox is untouched and stays usable)."""
 
 
-def _text(s: str, what: str) -> None:
+def check_text(s: str, what: str) -> None:
+    """BadCommand unless ``s`` can be a process argument: no NUL byte, no lone surrogate."""
     if "\x00" in s:
         raise BadCommand(f"{what} holds a NUL byte, which no process argument or environment can carry")
     try:
@@ -129,7 +130,7 @@ def check_exec(cmd: str | Sequence[str], timeout: float, cwd: str | None, env: M
     from every backend); else :class:`BadCommand` (or ValueError for the timeout) naming what is wrong."""
     check_timeout(timeout)
     text = command_string(cmd)
-    _text(text, "the command")
+    check_text(text, "the command")
     if (n := len(text.encode())) > MAX_COMMAND_BYTES:
         raise BadCommand(f"the command is {n:,} bytes; one command may be at most {MAX_COMMAND_BYTES:,} (the "
                          f"kernel's limit on one argument): send long content in parts, or with write_file")
@@ -138,9 +139,9 @@ def check_exec(cmd: str | Sequence[str], timeout: float, cwd: str | None, env: M
             raise BadCommand(f"env name {k!r} is not a variable name (letters, digits and _, not first a digit)")
         if not isinstance(v, str):
             raise BadCommand(f"env {k}: the value must be a string, got {type(v).__name__}")
-        _text(v, f"env {k}")
+        check_text(v, f"env {k}")
     if cwd is not None:
-        _text(cwd, "cwd")
+        check_text(cwd, "cwd")
     if output_limit is not None and not (isinstance(output_limit, int) and output_limit >= 1):
         raise BadCommand(f"output_limit must be a positive number of bytes, got {output_limit!r}")
     return text

@@ -467,3 +467,12 @@ async def test_commands_no_sandbox_can_run_are_bad_commands_and_the_sandbox_stay
         r = await sb.exec("printf %s " + "y" * pad + " | wc -c", timeout=60)
         assert r.exit_code == 0 and r.output.strip() == str(pad), r.output[:200]
         assert (await sb.exec("echo still usable")).output.strip() == "still usable"
+        # the file operations' paths too (bwrap raised ValueError / UnicodeEncodeError, docker a SandboxError as if
+        # the sandbox had failed, or read a file under another name)
+        for path in ("a\x00b", "\ud800"):
+            for op in (sb.read_file(path), sb.write_file(path, b"x"), sb.download_file(path, "/dev/null")):
+                with pytest.raises(BadCommand, match="the path"):
+                    await op
+        with pytest.raises(TypeError, match="data must be bytes or str, got int"):
+            await sb.write_file("n.txt", 12345)
+        assert (await sb.exec("echo still usable")).output.strip() == "still usable"
