@@ -38,6 +38,21 @@ N = 16
 SHELL = "agentrl.envs.shell:ShellEnv"
 
 
+def namespace(name: str) -> str:
+    """``name`` as a containerd namespace: alphanumerics joined by single separators. A tempdir name holds "_"
+    anywhere, and "agentrl-dk-_b6279zv" made every container start fail ("namespace validation") in CI."""
+    return "agentrl" + "".join(ch for ch in name if ch.isascii() and ch.isalnum())
+
+
+def test_namespaces_made_from_any_tempdir_name_are_valid_for_containerd():
+    import re
+
+    valid = re.compile(r"[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*\Z")  # containerd's identifier rule
+    for name in ("agentrl-dk-_b6279zv", "agentrl-dk-ab__cd", "agentrl-dk-abcd_", "agentrl-dk-a_b-c"):
+        assert valid.match(namespace(name)) and valid.match(namespace(name) + "-p"), name
+    assert namespace("agentrl-dk-_b6279zv") != namespace("agentrl-dk-_f90mqmp")
+
+
 class PrivateDockerd:
     """A dockerd of this test only; ``start()`` / ``stop()`` may be repeated (the data root stays)."""
 
@@ -47,7 +62,7 @@ class PrivateDockerd:
         self.host = f"unix://{self.sock}"
         self.log = open(self.dir / "dockerd.log", "ab")
         self.proc: subprocess.Popen | None = None
-        tag = self.dir.name
+        tag = namespace(self.dir.name)
         self.argv = ["dockerd", "--host", self.host, "--data-root", str(self.dir / "data"),
                      "--exec-root", str(self.dir / "exec"), "--pidfile", str(self.dir / "dockerd.pid"),
                      "--bridge=none", "--iptables=false", "--ip6tables=false", "--shutdown-timeout", "2",
