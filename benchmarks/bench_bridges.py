@@ -1,11 +1,12 @@
-"""Per-step overhead of each bridge against the same work done natively (the bare library call), in one run.
+"""Per-step overhead of each bridge against the same work done natively, in one run.
 
 Pairs (each side does the same work on the same seeds; what differs is the bridge):
 
-- ``reasoning_gym``: ``reasoning_gym/leg_counting`` reset + answer step vs the dataset's ``ds[i]``, ``extract_answer``
-  and ``score_answer`` called directly (in process; target <= 1.1x CPU).
-- ``textarena``: ``textarena/GuessTheNumber-v0`` steps vs ``textarena.make`` + ``reset`` + ``step`` +
-  ``get_observation`` called directly (in process; target <= 1.1x CPU).
+- ``reasoning_gym``: ``reasoning_gym/leg_counting`` reset + answer step vs a native env of the same work (an agentrl
+  env written by hand for that dataset: ``ds[i]``, ``extract_answer``, ``score_answer``, the same messages; in
+  process; target <= 1.1x CPU).
+- ``textarena``: ``textarena/GuessTheNumber-v0`` steps vs a native env of the same work (``textarena.make`` +
+  ``reset`` + ``step`` + ``get_observation`` + ``close``; in process; target <= 1.1x CPU).
 - ``mcp``: a ``lookup`` tool call through ``mcp/Tools-v0`` (parse, MCP client thread, stdio server, result) vs the
   MCP SDK's ``ClientSession.call_tool`` on one session to the same server (remote: round trip).
 - ``outproc``: the count-down fixture env through the out-of-process host (system Python) vs the same class in
@@ -69,64 +70,111 @@ def compare(name: str, bridge: Callable[[], int], bare: Callable[[], int] | None
     return row
 
 
-# -- in-process bridges ------------------------------------------------------------------------------------------
+# -- in-process bridges: against a native env of the same work ---------------------------------------------------
+# The native envs are what a user would write by hand for one library: the same library calls and the same messages,
+# without what the bridge adds (its global-RNG lock and swaps, content task keys, checks of the model's text).
 def bench_reasoning_gym(steps: int, repeats: int) -> dict[str, Any]:
     import agentrl
+    from agentrl.core import Env
     from reasoning_gym.utils import extract_answer
 
-    env = agentrl.make("reasoning_gym/leg_counting")
-    ds = env.unwrapped.dataset  # the same dataset object: both sides generate entries the same way
+    env = agentrl.make("reasoning_gym/leg_counting").unwrapped  # the env itself, as the manager steps it
+    ds = env.dataset  # the same dataset object: both sides generate entries the same way
     answers = [ds[i % len(ds)]["answer"] for i in range(steps)]
 
-    def bridge() -> int:
-        for i in range(steps):
-            env.reset(seed=i)
-            env.step(f"<answer>{answers[i]}</answer>")
-        return steps
+    class NativeLegCounting(Env):
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.entry = ds[seed % len(ds)]
+            question = {"role": "user", "content": self.entry["question"]}
+            return [{"role": "system", "content": env.system_prompt}, question], {}
 
-    def bare() -> int:
-        for i in range(steps):
-            entry = ds[i % len(ds)]
-            _ = [{"role": "system", "content": "x"}, {"role": "user", "content": entry["question"]}]
-            ds.score_answer(extract_answer(f"<answer>{answers[i]}</answer>"), entry)
-        return steps
+        def step(self, action):
+            reward = float(ds.score_answer(extract_answer(action), self.entry))
+            return [{"role": "user", "content": f"Score {reward:g}."}], reward, True, False, {"correct": reward >= 1}
 
-    return compare("reasoning_gym/leg_counting", bridge, bare, repeats, "in-process")
+    native = NativeLegCounting()
+
+    def run(e: Any) -> Callable[[], int]:
+        def go() -> int:
+            for i in range(steps):
+                e.reset(seed=i)
+                e.step(f"<answer>{answers[i]}</answer>")
+            return steps
+        return go
+
+    row = compare("reasoning_gym/leg_counting", run(env), run(native), repeats, "in-process")
+    return {**row, **in_rollout("reasoning_gym/leg_counting", NativeLegCounting,
+                                lambda c, m: f"<answer>{ds[m.seed % len(ds)]['answer']}</answer>", steps, repeats)}
 
 
 def bench_textarena(steps: int, repeats: int) -> dict[str, Any]:
     import agentrl
     import textarena
+    from agentrl.core import Env
 
-    env = agentrl.make("textarena/GuessTheNumber-v0")
+    env = agentrl.make("textarena/GuessTheNumber-v0").unwrapped
     guesses = ["[1]", "[2]", "[3]", "[4]", "[5]"]
 
-    def bridge() -> int:
-        done, i, n = True, 0, 0
-        while n < steps:
-            if done:
-                env.reset(seed=i)
-                i += 1
-            _, _, term, trunc, _ = env.step(guesses[n % len(guesses)])
-            done, n = term or trunc, n + 1
-        return n
+    class NativeGuessTheNumber(Env):
+        def _text(self) -> str:
+            return "\n".join(str(text).strip() for _, text, *_ in self.game.get_observation()[1] or [])
 
-    def bare() -> int:
-        done, i, n, game = True, 0, 0, None
-        while n < steps:
-            if done:
-                game = textarena.make(env.unwrapped.make_id)
-                game.reset(num_players=1, seed=i)
-                game.get_observation()
-                i += 1
-            done, _ = game.step(guesses[n % len(guesses)])
-            game.get_observation()
-            if done:
-                game.close()
-            n += 1
-        return n
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.game = textarena.make(env.make_id)
+            self.game.reset(num_players=1, seed=seed)
+            return [{"role": "user", "content": self._text()}], {}
 
-    return compare("textarena/GuessTheNumber-v0", bridge, bare, repeats, "in-process")
+        def step(self, action):
+            done, _ = self.game.step(action)
+            text, reward = self._text(), 0.0
+            if done:
+                reward = float(self.game.close()[0][0])
+            return [{"role": "user", "content": text}], reward, done, False, {}
+
+    native = NativeGuessTheNumber()
+
+    def run(e: Any) -> Callable[[], int]:
+        def go() -> int:
+            done, i, n = True, 0, 0
+            while n < steps:
+                if done:
+                    e.reset(seed=i)
+                    i += 1
+                _, _, term, trunc, _ = e.step(guesses[n % len(guesses)])
+                done, n = term or trunc, n + 1
+            return n
+        return go
+
+    row = compare("textarena/GuessTheNumber-v0", run(env), run(native), repeats, "in-process")
+    return {**row, **in_rollout("textarena/GuessTheNumber-v0", NativeGuessTheNumber,
+                                lambda c, m: guesses[sum(x["role"] == "assistant" for x in c) % len(guesses)],
+                                steps // 5, repeats)}
+
+
+def in_rollout(env_id: str, native: Callable[[], Any], act: Callable[[list, Any], str], episodes: int,
+               repeats: int) -> dict[str, Any]:
+    """CPU per env step of ``episodes`` episodes run by the manager with a scripted policy (64 at once): the bridge's
+    id against the native env registered under its own id; the manager's own per-step work is in both."""
+    import agentrl
+    from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
+    from agentrl.policy import ScriptedPolicy
+
+    native_id = "bench/native-" + env_id.replace("/", "-").replace(":", "-")
+    if native_id not in agentrl.registered_ids("bench"):
+        agentrl.register(native_id, entry_point=native)
+
+    def run(eid: str) -> Callable[[], int]:
+        async def go() -> int:
+            async with EnvManager(ManagerConfig(max_concurrency=64, max_turns=16), ScriptedPolicy(act)) as mgr:
+                trajs = await mgr.run_episodes([EpisodeSpec(eid, seed=i) for i in range(episodes)])
+            assert all(t.termination != "error" for t in trajs), [t.info for t in trajs if t.termination == "error"][:1]
+            return sum(t.num_turns for t in trajs)
+        return lambda: asyncio.run(go())
+
+    row = compare(env_id + " (in a rollout)", run(env_id), run(native_id), repeats, "in-process")
+    return {"rollout_" + k: v for k, v in row.items() if k not in ("bridge", "kind")}
 
 
 # -- remote bridges ----------------------------------------------------------------------------------------------
@@ -329,6 +377,14 @@ def main() -> None:
     for r in rows:
         print(f"| {r['bridge']} | {r['kind']} | {r['bridge_wall_ms']:.3f} | {r['bare_wall_ms']:.3f} | "
               f"{r['wall_ratio']:.2f} | {r['bridge_cpu_ms']:.3f} | {r['bare_cpu_ms']:.3f} | {r['cpu_ratio']:.2f} |")
+    rollout = [r for r in rows if "rollout_cpu_ratio" in r]
+    if rollout:
+        print("\nIn a rollout (the manager and a scripted policy, 64 episodes at once):\n")
+        print("| bridge | bridge CPU ms/step | native CPU ms/step | CPU x | bridge steps/s |")
+        print("|---|---|---|---|---|")
+        for r in rollout:
+            print(f"| {r['bridge']} | {r['rollout_bridge_cpu_ms']:.3f} | {r['rollout_bare_cpu_ms']:.3f} | "
+                  f"{r['rollout_cpu_ratio']:.2f} | {r['rollout_bridge_steps_per_s']:.0f} |")
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "loadavg_end": end}, indent=2))
 

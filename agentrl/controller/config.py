@@ -5,6 +5,7 @@ the cross-checks that keep the trainer scoring tokens under the distribution the
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,10 +74,15 @@ class EvalConfig:
     episodes: int = 64
     every: int = 0
     temperature: float | None = None
+    success_reward: float | None = None
+    """An episode counts as a success when its reward is at least this; None: any reward above 0. Set it for an env
+    that pays partial credit for a loss (TextArena's FrozenLake pays the share of the way walked, 1.0 at the goal)."""
 
     def validate(self) -> None:
         if self.episodes < 0 or self.every < 0:
             raise ValueError("episodes and every must be >= 0")
+        if self.success_reward is not None and not math.isfinite(self.success_reward):
+            raise ValueError("success_reward must be a finite number or null")
 
 
 @dataclass

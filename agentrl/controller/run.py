@@ -139,7 +139,8 @@ def tool_metrics(trajs: list[Any]) -> dict[str, float]:
 
 
 async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, held: HeldOut) -> dict[str, float]:
-    """Returns the mean reward, the share of episodes with reward > 0 and :func:`tool_metrics` of the engine's current
+    """Returns the mean reward, the share of successes (reward >= ``cfg.eval.success_reward``, or > 0 when that is
+    None) and :func:`tool_metrics` of the engine's current
     policy on the held-out evaluation tasks (``held.eval_seeds``, one episode per distinct task, none of them played
     in training or warm start: :mod:`agentrl.controller.heldout`), with ``episodes`` and ``tasks`` (distinct tasks:
     the same number, by construction)."""
@@ -156,7 +157,9 @@ async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, held: HeldOut)
     async with EnvManager(mcfg, policy) as mgr:
         trajs = await mgr.run_episodes(specs)
     rewards = [t.reward for t in trajs]
-    return {"reward": sum(rewards) / len(rewards), "success": sum(r > 0 for r in rewards) / len(rewards),
+    bar = cfg.eval.success_reward
+    wins = sum(r > 0 if bar is None else r >= bar for r in rewards)
+    return {"reward": sum(rewards) / len(rewards), "success": wins / len(rewards),
             "episodes": float(len(rewards)), "tasks": float(len(held.eval_seeds)), **tool_metrics(trajs)}
 
 

@@ -10,9 +10,9 @@ Invariants:
 - Same dataset, config and seed give the same question, in any process: entries come from reasoning-gym's own
   ``Random(config.seed + index)`` and the index from the seed.
 - A few generators draw from the process-global ``random``/``numpy.random`` (``list_functions``) or seed them
-  (``pool_matrix``). Every call into the library (building a dataset, making an entry, scoring) therefore holds one
-  process-wide lock, with both global generators seeded from the entry's identity and restored afterwards: such
-  entries stay reproducible, and no other code on another thread sees the global RNG state move under it.
+  (``pool_matrix``). Every call into the library (building a dataset, making an entry, scoring) therefore holds the
+  bridges' one lock (:mod:`.rng`), with both global generators seeded from the entry's identity and restored
+  afterwards: such entries stay reproducible, and no other code on another thread sees the global RNG state move.
 - ``task_key(seed)`` (the env contract's content identity, also ``info["task_key"]`` of ``reset``) is
   ``reasoning_gym/<dataset>:<sha256 of the question>``, so held-out evaluation excludes by content whatever seeds
   made it (seeds ``s`` and ``s + size`` draw one entry and share it).
@@ -21,16 +21,18 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import enum
+import functools
 import hashlib
 import json
-import random
-import threading
+import typing
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import numpy as np
 
 from agentrl.core import Env, Message, StepResult
+from agentrl.envs.bridges.rng import LOCK, RNGStates, seed_globals
 
 try:
     import reasoning_gym
@@ -39,7 +41,6 @@ try:
 except ImportError as e:  # an optional extra: say which
     raise ImportError(f"reasoning_gym envs need the reasoning-gym package: pip install 'agentrl[reasoning-gym]' ({e})") from e
 
-_RNG_LOCK = threading.RLock()
 _datasets: dict[tuple[str, str], Any] = {}
 
 
@@ -50,28 +51,57 @@ def dataset_names() -> list[str]:
 
 @contextmanager
 def global_rng(*key: Any) -> Iterator[None]:
-    """Holds the process-wide reasoning-gym lock with ``random`` and ``numpy.random`` seeded from ``key``; restores
-    both generators' states on exit."""
+    """Holds the bridges' one lock with ``random`` and ``numpy.random`` seeded from ``key``; puts the process's
+    states back on exit (:mod:`.rng`)."""
     seed = int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little")
-    with _RNG_LOCK:
-        py_state, np_state = random.getstate(), np.random.get_state()
-        random.seed(seed)
-        np.random.seed(seed)
+    with LOCK:
+        saved = RNGStates.current()
+        seed_globals(seed)
         try:
             yield
         finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
+            saved.put_over(RNGStates.current())
 
 
 def _config_fields(name: str) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(DATASETS[name][1])}
 
 
+@functools.lru_cache(maxsize=None)
+def _field_types(name: str) -> dict[str, Any]:
+    return typing.get_type_hints(DATASETS[name][1])  # ~70 us: once per dataset, not per env
+
+
+def _as_enums(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the strings a config file or command line gives turned into the enum members that the
+    dataset's config fields of an enum type (or a list of one) hold, e.g. aiw's ``task_types=[siblings]``. Raises
+    ``ValueError`` naming the field and the choices for a string that is no member."""
+    hints = _field_types(name)
+    out = dict(config)
+    for key, value in config.items():
+        hint = hints.get(key)
+        many = typing.get_origin(hint) is list
+        kind = (typing.get_args(hint) or (None,))[0] if many else hint
+        if not (isinstance(kind, type) and issubclass(kind, enum.Enum)):
+            continue
+        choices = [m.value for m in kind]
+
+        def member(v: Any) -> Any:
+            if isinstance(v, kind):
+                return v
+            try:
+                return kind(v)
+            except ValueError:
+                raise ValueError(f"ReasoningGymEnv({name}): {key} has {v!r}, not one of {choices}") from None
+
+        out[key] = [member(v) for v in value] if many and isinstance(value, (list, tuple)) else member(value)
+    return out
+
+
 def get_dataset(name: str, config: dict[str, Any]) -> Any:
     """The process's one dataset of ``name`` with ``config`` (built on first use, under the lock)."""
     key = (name, json.dumps(config, sort_keys=True, default=repr))
-    with _RNG_LOCK:
+    with LOCK:
         ds = _datasets.get(key)
         if ds is None:
             with global_rng(name, key[1], "build"):
@@ -118,7 +148,8 @@ class ReasoningGymEnv(Env):
         if not isinstance(dataset_seed, int):
             raise ValueError(f"ReasoningGymEnv: dataset_seed must be an int, got {dataset_seed!r}")
         self.name = dataset
-        self.config = {**config, "seed": dataset_seed, **({"size": size} if size is not None else {})}
+        sized = {"size": size} if size is not None else {}
+        self.config = {**_as_enums(dataset, config), "seed": dataset_seed, **sized}
         self.dataset = get_dataset(dataset, self.config)
         self.system_prompt = "" if system_prompt == "none" else SYSTEM_PROMPTS[system_prompt]
         self.index = 0

@@ -10,10 +10,13 @@ step's reward and the episode terminates.
 Invariants:
 
 - TextArena seeds and draws from the process-global ``random`` (``reset(seed)`` calls ``random.seed``) and some games
-  from ``numpy.random``. Each env keeps its own state of both generators: every call into the game holds one
-  process-wide lock, swaps the env's states in, and swaps the process's back out. So concurrent episodes on threads
-  neither interleave their draws nor move anyone else's generator, and a seed gives the same game everywhere.
+  from ``numpy.random``. Each env keeps its own state of both generators: every call into the game holds the
+  bridges' one lock, swaps the env's states in, and swaps the process's back out (:mod:`.rng`). So concurrent
+  episodes on threads neither interleave their draws nor move anyone else's generator, and a seed gives the same
+  game everywhere.
 - A game for several players fails at ``reset`` with an error that says so.
+- ``oracle_policy()`` plays a game's scripted solver where this module has one (FrozenLake: a shortest hole-free path
+  on the last board shown), for the warm start and ``agentrl eval``; other games have none.
 - ``task_key(seed)`` (also ``info["task_key"]`` of ``reset``) is ``textarena/<game>:<sha256 of the opening and the game's state>`` (the state
   holds the hidden parts, such as the number to guess).
 """
@@ -22,13 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
-import threading
 from typing import Any, Callable, TypeVar
 
-import numpy as np
-
 from agentrl.core import Env, Message, StepResult
+from agentrl.envs.bridges.rng import RNGStates, seed_globals, with_states
+from agentrl.envs.frozenlake import shortest_path
 
 try:
     import textarena
@@ -37,8 +38,28 @@ except ImportError as e:  # an optional extra: say which
     raise ImportError(f"textarena envs need the textarena package: pip install 'agentrl[textarena]' ({e})") from e
 
 T = TypeVar("T")
-_LOCK = threading.Lock()
 _VARIANTS = ("-raw", "-train")
+
+
+def solve_frozen_lake(conversation: list[Message]) -> str:
+    """TextArena FrozenLake's scripted play: the first move of a shortest hole-free path on the last board the game
+    showed (its ``+-----+`` grid of ``P``, ``H``, ``G`` cells), as ``[move]``; ``[down]`` when there is no board."""
+    text = next((str(m.get("content", "")) for m in reversed(conversation) if m.get("role") == "user"), "")
+    rows = [[c.strip() for c in line.strip()[1:-1].split("|")]
+            for line in text.rpartition("Current Board:")[2].splitlines() if line.strip().startswith("|")]
+    n = len(rows)
+    cells = {(r, c): x for r, row in enumerate(rows) for c, x in enumerate(row)}
+    player = [rc for rc, x in cells.items() if x in ("P", "P/G")]
+    goal = [rc for rc, x in cells.items() if x in ("G", "P/G")]
+    if n == 0 or any(len(row) != n for row in rows) or len(player) != 1 or len(goal) != 1:
+        return "[down]"
+    path = shortest_path(n, {rc for rc, x in cells.items() if x == "H"}, player[0], goal[0])
+    return f"[{path[0]}]" if path else "[down]"
+
+
+_SOLVERS: dict[str, Callable[[list[Message]], str]] = {  # by the game's class, so that every variant has it
+    "textarena.envs.FrozenLake.env:FrozenLakeEnv": solve_frozen_lake,
+}
 
 
 def game_names() -> list[str]:
@@ -61,23 +82,13 @@ class TextArenaEnv(Env):
         self.game_kwargs = game_kwargs
         self.game: Any = None
         self.current_key = ""
-        self._py_state: Any = None
-        self._np_state: Any = None
+        self._rng: RNGStates | None = None  # None until the first reset seeds the game
         self.done = True
 
     def _call(self, fn: Callable[[], T]) -> T:
-        """Runs ``fn`` with this env's states of ``random`` and ``numpy.random`` in place (under the lock)."""
-        with _LOCK:
-            saved_py, saved_np = random.getstate(), np.random.get_state()
-            try:
-                if self._py_state is not None:
-                    random.setstate(self._py_state)
-                    np.random.set_state(self._np_state)
-                return fn()
-            finally:
-                self._py_state, self._np_state = random.getstate(), np.random.get_state()
-                random.setstate(saved_py)
-                np.random.set_state(saved_np)
+        """Runs ``fn`` with this env's states of ``random`` and ``numpy.random`` in place (:mod:`.rng`)."""
+        result, self._rng = with_states(self._rng, fn)
+        return result
 
     def _text(self) -> str:
         _, observation = self.game.get_observation()
@@ -89,10 +100,9 @@ class TextArenaEnv(Env):
         """A new game for one player, seeded with ``seed`` (or a seed drawn from ``self.np_random``)."""
         super().reset(seed=seed)
         game_seed = seed if seed is not None else int(self.np_random.integers(2**31))
-        np_seed = game_seed % 2**32
 
         def start() -> str:
-            np.random.seed(np_seed)  # TextArena seeds only `random`; numpy's draws get the same seed
+            seed_globals(game_seed)  # TextArena seeds only `random` (in its reset); numpy's draws get the same seed
             try:
                 self.game = textarena.make(self.make_id, **self.game_kwargs)
             except Exception as e:  # some games do not import on every Python (3.12-only syntax)
@@ -104,13 +114,20 @@ class TextArenaEnv(Env):
                                  f"{type(e).__name__}: {e}") from e
             return self._text() or "(the game says nothing)"
 
-        self._py_state = self._np_state = None
+        self._rng = None
         text = self._call(start)
         self.done = False
         state = getattr(getattr(self.game, "state", None), "game_state", None)
         content = json.dumps([text, state], sort_keys=True, default=str)
         self.current_key = f"textarena/{self.game_id}:{hashlib.sha256(content.encode()).hexdigest()[:16]}"
         return [{"role": "user", "content": text}], {"task_key": self.current_key}
+
+    def oracle_policy(self) -> Any:
+        """The game's scripted solver as a :class:`agentrl.policy.ScriptedPolicy`, or None if it has none."""
+        from agentrl.policy import ScriptedPolicy
+
+        solve = _SOLVERS.get(str(ENV_REGISTRY[self.game_id].entry_point))
+        return None if solve is None else ScriptedPolicy(lambda conversation, meta: solve(conversation))
 
     def task_key(self, seed: int) -> str:
         """The content identity of the game ``reset(seed=seed)`` deals (the env contract's ``task_key``): resets

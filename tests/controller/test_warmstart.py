@@ -50,3 +50,23 @@ def test_an_env_without_solver_or_oracle_is_named():
     agentrl.register("test/NoScript-v0", entry_point="agentrl.testing.manager_envs:SleepEnv")
     with pytest.raises(LookupError, match=r"warm start: env 'test/NoScript-v0' has no scripted play"):
         scripted_actor("test/NoScript-v0")
+
+
+@pytest.mark.parametrize("name", ["reasoning_gym_aiw", "textarena_frozenlake"])
+def test_the_bridged_training_configs_load_and_their_scripted_play_wins(name):
+    # The configs BENCHMARKS.md's learning runs use: each loads, and its warm start's play solves the env.
+    pytest.importorskip("textarena", reason="the textarena extra: pip install 'agentrl[textarena]'")
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+    act = scripted_actor(cfg.env.id, dict(cfg.env.kwargs))
+    env = agentrl.make(cfg.env.id, **dict(cfg.env.kwargs))
+    for seed in range(5):
+        conversation, _ = env.reset(seed=seed)
+        conversation = list(conversation)
+        meta = type("Meta", (), {"trajectory_id": f"t{seed}", "env_id": cfg.env.id, "seed": seed})()
+        for _ in range(cfg.rollout.max_turns):
+            action = act(conversation, meta)
+            obs, reward, done, _, _ = env.step(action)
+            conversation += [{"role": "assistant", "content": action}, *obs]
+            if done:
+                break
+        assert done and reward >= (cfg.eval.success_reward or 1.0), (name, seed, conversation[-1])

@@ -162,3 +162,13 @@ def test_check_all_skips_only_envs_whose_constructor_needs_kwargs():
     assert _required_kwargs("openenv/Client-v0", {"url": "http://127.0.0.1:1"}) == []
     assert _required_kwargs(LEGS, {}) == []  # its one required argument is the registered dataset
     assert _required_kwargs("mcp/Tools-v0", {}) == []  # runs its bundled demo server
+
+
+def test_enum_fields_take_their_values_as_strings_and_name_the_choices_when_wrong():
+    # A config or command line gives strings; aiw's task_types are a list of its TaskType enum.
+    env = agentrl.make("reasoning_gym/aiw", task_types=["siblings"], task_type_weights=[1.0], size=50)
+    obs, info = env.reset(seed=3)
+    assert "sisters" in obs[-1]["content"] and "brother" in obs[-1]["content"]
+    assert env.step(f"<answer>{env.unwrapped.entry['answer']}</answer>")[1] == 1.0
+    with pytest.raises(ValueError, match=r"task_types.*'cousins'.*siblings"):
+        agentrl.make("reasoning_gym/aiw", task_types=["cousins"])

@@ -129,3 +129,45 @@ async def test_64_episodes_at_once_through_the_manager_are_reproducible():
     assert all(t.reward == 1.0 and t.termination == "terminated" for t in first + again)
     assert [t.messages for t in first[:16]] == [t.messages for t in again]
     assert len({t.num_turns for t in first}) > 1  # different hidden numbers, different searches
+
+
+def test_frozen_lake_oracle_reaches_the_goal_on_every_board_and_other_games_have_none():
+    # The scripted solver reads only the board TextArena shows (its ASCII grid), so it is what the warm start imitates.
+    from agentrl.eval.policies import oracle_policy_for
+
+    env = agentrl.make("textarena/FrozenLake-v0")
+    act = oracle_policy_for("textarena/FrozenLake-v0").fn
+    for seed in range(40):
+        conversation, _ = env.reset(seed=seed)
+        conversation = list(conversation)
+        for _ in range(12):
+            move = act(conversation, None)
+            obs, reward, done, _, _ = env.step(move)
+            conversation += [{"role": "assistant", "content": move}, *obs]
+            if done:
+                break
+        assert done and reward == 1.0, (seed, conversation[-1]["content"])
+    with pytest.raises(LookupError, match="GuessTheNumber"):
+        oracle_policy_for(GUESS)
+
+
+def _board(*rows: str) -> str:
+    """A board drawn as TextArena's FrozenLake draws it (``rows``: one character per cell, ``.`` for ice)."""
+    line = "+" + "+".join(["-----"] * len(rows)) + "+"
+    cells = ["|" + "|".join(f" {'' if c == '.' else c:^3} " for c in row) + "|" for row in rows]
+    return "Current Board:\n\n" + "\n".join(x for row in cells for x in (line, row)) + "\n" + line + "\n"
+
+
+def test_frozen_lake_solver_reads_the_last_board_and_falls_back_without_one():
+    from agentrl.envs.bridges.textarena_env import solve_frozen_lake
+
+    def move(text: str) -> str:
+        return solve_frozen_lake([{"role": "user", "content": "old"}, {"role": "assistant", "content": "[up]"},
+                                  {"role": "user", "content": text}])
+
+    assert move(_board("PH.", ".H.", "..G")) == "[down]"
+    assert move(_board(".H.", ".H.", "P.G")) == "[right]"
+    assert move(_board("P..", "..H", ".HG") + "You moved.\n" + _board("...", "...", "PHG")) == "[up]"
+    assert move(_board("...", ".P.", "...")) == "[down]"  # no goal on it: nothing to solve
+    assert move("The game is over.") == "[down]"
+    assert solve_frozen_lake([]) == "[down]"

@@ -1,0 +1,180 @@
+"""The process-global random generators, kept per owner: what lets in-process libraries that draw from (or seed)
+Python's ``random`` and ``numpy.random`` run as concurrent, reproducible envs (TextArena, reasoning-gym).
+
+Flow: ``with_states(states, fn)`` holds :data:`LOCK`, puts ``states`` (an env's :class:`RNGStates`) in the place of
+the process's generators, runs ``fn``, takes what ``fn`` left (the owner's next states) and puts the process's
+generators back.
+
+Invariants:
+
+- One lock for every bridge in the process: a call of one library never runs while another's generators are in
+  place, whichever bridge made either call.
+- Exact: the process's generators, and an owner's, come back bit for bit, including the cached second normal of
+  ``random.gauss`` and of numpy's legacy ``RandomState`` (``has_gauss``).
+- Cheap: ``random.getstate`` / ``numpy.random.get_state`` build a 625-number tuple (~10 µs and ~40 µs here) and a
+  swap needs four of each: ~0.2 ms per library call, 10-40x the library's own step. The Mersenne Twister states are
+  copied instead as their 2,500 raw bytes: numpy's through its bit generator's public ``ctypes.state_address``,
+  Python's from CPython's ``RandomObject`` struct right after the object header (not a public API). Each way is
+  checked against ``get_state`` / ``getstate`` at import and left unused (the tuple way kept) if they differ.
+  numpy's cached normal cannot be read cheaply, so the slow, exact way is taken whenever one may be cached: a
+  state is known to hold none while its bytes equal those last read with ``has_gauss == 0`` (a normal is cached only
+  by drawing, which moves the bytes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+LOCK = threading.RLock()
+_MT_BYTES = 2500  # both Mersenne Twisters: 624 uint32 words and an int index (numpy: key then pos; Python: index first)
+
+
+def _np_address() -> int | None:
+    """The raw state's address of numpy's global legacy generator, or None when it is not an MT19937 (or numpy is
+    older than 1.25, which has no ``get_bit_generator``)."""
+    get = getattr(np.random, "get_bit_generator", None)
+    bg = get() if get is not None else None
+    return bg.ctypes.state_address if type(bg).__name__ == "MT19937" else None
+
+
+def _py_address() -> int:
+    return id(random._inst) + object.__basicsize__  # type: ignore[attr-defined]  (the module's one generator)
+
+
+def _check_raw() -> tuple[bool, bool]:
+    """Whether the raw byte ways read the same states as ``get_state`` / ``getstate`` on this interpreter."""
+    np_ok = py_ok = False
+    addr = _np_address()
+    if addr is not None:
+        key, pos = np.random.get_state()[1:3]
+        raw = ctypes.string_at(addr, _MT_BYTES)
+        np_ok = raw == key.astype("<u4").tobytes() + int(pos).to_bytes(4, "little", signed=True)
+    if sys.implementation.name == "cpython" and hasattr(random._inst, "gauss_next"):  # type: ignore[attr-defined]
+        # Only read here: a header of another size (a free-threaded build) reads other bytes and fails the check.
+        words = random.getstate()[1]
+        raw = ctypes.string_at(_py_address(), _MT_BYTES)
+        py_ok = raw == words[-1].to_bytes(4, "little", signed=True) + np.array(words[:-1], "<u4").tobytes()
+    return np_ok, py_ok
+
+
+_NP_RAW, _PY_RAW = _check_raw()
+_PY_ADDR = _py_address()
+
+
+@dataclass
+class _Np:
+    raw: bytes                # the MT19937 state's bytes
+    full: Any = None          # get_state()'s tuple when a normal may be cached; None: known to hold none
+
+
+@dataclass
+class RNGStates:
+    """The states of both global generators that one owner (an env) draws from."""
+
+    py: Any
+    np: Any
+
+    @classmethod
+    def current(cls) -> "RNGStates":
+        """The states in place now (hold :data:`LOCK`)."""
+        return cls(_py_take(), _np_take())
+
+    @classmethod
+    def seeded(cls, seed: int) -> "RNGStates":
+        """Both generators seeded with ``seed`` (:func:`seed_globals`)."""
+        with LOCK:
+            saved = cls.current()
+            seed_globals(seed)
+            out = cls.current()
+            saved.put_over(out)
+            return out
+
+    def put_over(self, in_place: "RNGStates") -> None:
+        """Puts these states in place of ``in_place``, the states in place now (just taken or put; hold
+        :data:`LOCK`)."""
+        _py_put(self.py)
+        _np_put(self.np, in_place.np)
+
+
+def seed_globals(seed: int) -> None:
+    """``random.seed(seed)`` and ``numpy.random.seed(seed % 2**32)`` (hold :data:`LOCK`); what this module knows of
+    numpy's state follows (a seeded legacy generator caches no normal), so the next swap copies bytes."""
+    global _np_clean
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    addr = _np_address() if _NP_RAW else None
+    _np_clean = None if addr is None else ctypes.string_at(addr, _MT_BYTES)
+
+
+def with_states(states: RNGStates | None, fn: Callable[[], T]) -> tuple[T, RNGStates]:
+    """Runs ``fn`` with ``states`` in place of the process's generators (None: the process's own, for a first call
+    that seeds them itself) under :data:`LOCK`; returns ``fn``'s result and the states it left. The process's states
+    are back in place afterwards, also when ``fn`` raises."""
+    with LOCK:
+        saved = RNGStates.current()
+        try:
+            if states is not None:
+                states.put_over(saved)
+            result = fn()
+        finally:
+            left = RNGStates.current()
+            saved.put_over(left)
+        return result, left
+
+
+# -- Python's random: raw bytes plus gauss_next, or getstate()'s tuple ---------------------------------------------
+def _py_take() -> Any:
+    if _PY_RAW:
+        return ctypes.string_at(_PY_ADDR, _MT_BYTES), random._inst.gauss_next  # type: ignore[attr-defined]
+    return random.getstate()
+
+
+def _py_put(state: Any) -> None:
+    if _PY_RAW:
+        raw, gauss_next = state
+        ctypes.memmove(_PY_ADDR, raw, _MT_BYTES)
+        random._inst.gauss_next = gauss_next  # type: ignore[attr-defined]
+    else:
+        random.setstate(state)
+
+
+# -- numpy's legacy global RandomState ------------------------------------------------------------------------------
+_np_clean: bytes | None = None  # the bytes of the state in place when it was last known to cache no normal
+
+
+def _np_take() -> _Np:
+    global _np_clean
+    addr = _np_address() if _NP_RAW else None
+    if addr is None:
+        return _Np(b"", np.random.get_state())
+    raw = ctypes.string_at(addr, _MT_BYTES)
+    if raw == _np_clean:
+        return _Np(raw)
+    full = np.random.get_state()
+    if full[3] == 0:
+        _np_clean = raw
+        return _Np(raw)
+    return _Np(raw, full)
+
+
+def _np_put(state: _Np, in_place: _Np) -> None:
+    global _np_clean
+    addr = _np_address() if _NP_RAW else None
+    if state.full is None and in_place.full is None and addr is not None and in_place.raw:
+        ctypes.memmove(addr, state.raw, _MT_BYTES)  # neither caches a normal: the bytes are the whole state
+        _np_clean = state.raw
+    elif state.full is not None:
+        np.random.set_state(state.full)
+        _np_clean = None  # a normal may be cached in what is in place now
+    else:
+        key = np.frombuffer(state.raw[:-4], "<u4")
+        np.random.set_state(("MT19937", key, int.from_bytes(state.raw[-4:], "little", signed=True), 0, 0.0))
+        _np_clean = state.raw

@@ -1,0 +1,111 @@
+"""The global generators kept per owner (``agentrl.envs.bridges.rng``): every draw equals what private generators
+would give (owners' and the process's), through cached normals, seeding, raising calls and both ways of copying
+states; and every bridge that swaps them holds the one lock."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from agentrl.envs.bridges import rng
+
+
+def _draw(op: str, n: int, py, nr) -> list[float]:
+    """``n`` draws of kind ``op`` from ``py`` (a random.Random or the module) and ``nr`` (a RandomState or
+    numpy.random)."""
+    if op == "py":
+        return [py.random() for _ in range(n)]
+    if op == "gauss":  # an odd count leaves a normal cached
+        return [py.gauss(0, 1) for _ in range(n)]
+    if op == "np":
+        return list(nr.random_sample(n))
+    if op == "normal":  # the legacy generator caches the second normal of each pair
+        return [float(nr.standard_normal()) for _ in range(n)]
+    return []
+
+
+@pytest.fixture(params=["raw", "tuples"])
+def way(request, monkeypatch):
+    if request.param == "tuples":
+        monkeypatch.setattr(rng, "_NP_RAW", False)
+        monkeypatch.setattr(rng, "_PY_RAW", False)
+    else:
+        assert rng._NP_RAW and rng._PY_RAW, "the raw ways must pass their check on this interpreter"
+    monkeypatch.setattr(rng, "_np_clean", None)
+    saved = random.getstate(), np.random.get_state()
+    yield request.param
+    random.setstate(saved[0])
+    np.random.set_state(saved[1])
+
+
+def test_owners_and_the_process_draw_as_if_each_had_its_own_generators(way):
+    script = random.Random(7)
+    random.seed(99)
+    np.random.seed(99)
+    ref_proc = (random.Random(99), np.random.RandomState(99))
+    owners = {k: rng.RNGStates.seeded(k) for k in (1, 2, 3)}
+    refs = {k: (random.Random(k), np.random.RandomState(k)) for k in owners}
+    ops = ["py", "gauss", "np", "normal", "none", "none"]
+    for _ in range(300):
+        op, n = script.choice(ops), script.choice([0, 1, 2, 3])
+        if script.random() < 0.2:  # the process draws between calls
+            assert _draw(op, n, random, np.random) == _draw(op, n, *ref_proc)
+            continue
+        k = script.choice(list(owners))
+        got, owners[k] = rng.with_states(owners[k], lambda: _draw(op, n, random, np.random))
+        assert got == _draw(op, n, *refs[k]), (op, n, k)
+    for op in ("py", "gauss", "np", "normal"):  # the cached normals are the process's own too
+        assert _draw(op, 3, random, np.random) == _draw(op, 3, *ref_proc)
+
+
+def test_a_first_call_without_states_seeds_itself_and_keeps_what_it_left(way):
+    random.seed(5)
+    np.random.seed(5)
+    before = random.random(), float(np.random.random())
+    random.seed(5)
+    np.random.seed(5)
+
+    def start() -> float:
+        random.seed(11)
+        np.random.seed(11)
+        return random.random()
+
+    first, states = rng.with_states(None, start)
+    assert first == random.Random(11).random()
+    assert (random.random(), float(np.random.random())) == before  # the process's generators did not move
+    again, _ = rng.with_states(states, lambda: (random.random(), float(np.random.random())))
+    ref = random.Random(11)
+    ref.random()
+    assert again == (ref.random(), float(np.random.RandomState(11).random_sample()))
+
+
+def test_a_call_that_raises_leaves_the_process_generators_as_they_were(way):
+    random.seed(3)
+    np.random.seed(3)
+    np.random.standard_normal()  # a cached normal in the process's state
+    expect = random.random(), float(np.random.standard_normal())
+    random.seed(3)
+    np.random.seed(3)
+    np.random.standard_normal()
+
+    def boom():
+        random.seed(1)
+        np.random.seed(1)
+        np.random.standard_normal()
+        raise KeyError("inside the library")
+
+    with pytest.raises(KeyError):
+        rng.with_states(rng.RNGStates.seeded(4), boom)
+    assert (random.random(), float(np.random.standard_normal())) == expect
+
+
+def test_every_bridge_calls_its_library_under_the_one_lock():
+    textarena_env = pytest.importorskip("agentrl.envs.bridges.textarena_env")
+    reasoninggym = pytest.importorskip("agentrl.envs.bridges.reasoninggym")
+    env = textarena_env.TextArenaEnv("GuessTheNumber-v0")
+    env.reset(seed=1)
+    assert env._call(rng.LOCK._is_owned)
+    with reasoninggym.global_rng("x", 1):
+        assert rng.LOCK._is_owned()
