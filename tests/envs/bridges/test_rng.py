@@ -109,3 +109,18 @@ def test_every_bridge_calls_its_library_under_the_one_lock():
     assert env._call(rng.LOCK._is_owned)
     with reasoninggym.global_rng("x", 1):
         assert rng.LOCK._is_owned()
+
+
+def test_a_global_generator_other_than_mt19937_is_swapped_the_slow_exact_way():
+    saved = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(5))
+    try:
+        owner = rng.RNGStates.seeded(8)  # numpy.random.seed on a PCG64 global reseeds that PCG64
+        ref = np.random.RandomState(np.random.PCG64(0))
+        ref.set_state(np.random.get_state())
+        got, owner = rng.with_states(owner, lambda: list(np.random.random_sample(3)))
+        assert list(np.random.random_sample(2)) == list(ref.random_sample(2))  # the process's stream, untouched
+        again, _ = rng.with_states(owner, lambda: list(np.random.random_sample(3)))
+        assert again != got and len(set(got + again)) == 6
+    finally:
+        np.random.set_bit_generator(saved)
