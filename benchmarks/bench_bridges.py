@@ -70,6 +70,19 @@ def compare(name: str, bridge: Callable[[], int], bare: Callable[[], int] | None
     return row
 
 
+def play(env: Any, steps: int, action: Callable[[int], str]) -> int:
+    """``steps`` steps of ``env`` (``action(n)`` for step ``n``), a new episode with the next seed (0, 1, ...) whenever
+    one ends; returns ``steps``."""
+    done, i = True, 0
+    for n in range(steps):
+        if done:
+            env.reset(seed=i)
+            i += 1
+        _, _, term, trunc, _ = env.step(action(n))
+        done = term or trunc
+    return steps
+
+
 # -- in-process bridges: against a native env of the same work ---------------------------------------------------
 # The native envs are what a user would write by hand for one library: the same library calls and the same messages,
 # without what the bridge adds (its global-RNG lock and swaps, content task keys, checks of the model's text).
@@ -136,16 +149,7 @@ def bench_textarena(steps: int, repeats: int) -> dict[str, Any]:
     native = NativeGuessTheNumber()
 
     def run(e: Any) -> Callable[[], int]:
-        def go() -> int:
-            done, i, n = True, 0, 0
-            while n < steps:
-                if done:
-                    e.reset(seed=i)
-                    i += 1
-                _, _, term, trunc, _ = e.step(guesses[n % len(guesses)])
-                done, n = term or trunc, n + 1
-            return n
-        return go
+        return lambda: play(e, steps, lambda n: guesses[n % len(guesses)])
 
     row = compare("textarena/GuessTheNumber-v0", run(env), run(native), repeats, "in-process")
     return {**row, **in_rollout("textarena/GuessTheNumber-v0", NativeGuessTheNumber,
@@ -273,14 +277,7 @@ def bench_gem(steps: int, repeats: int) -> dict[str, Any]:
     env = agentrl.make("gem/game:GuessTheNumber-v0-easy")
 
     def bridge() -> int:
-        done, i, n = True, 0, 0
-        while n < steps:
-            if done:
-                env.reset(seed=i)
-                i += 1
-            _, _, term, trunc, _ = env.step("\\boxed{%d}" % (n % 4 + 1))
-            done, n = term or trunc, n + 1
-        return n
+        return play(env, steps, lambda n: "\\boxed{%d}" % (n % 4 + 1))
 
     bridge()
     b = [timed(bridge) for _ in range(repeats)]

@@ -140,10 +140,10 @@ def tool_metrics(trajs: list[Any]) -> dict[str, float]:
 
 async def evaluate(engine: Any, tokenizer: Any, cfg: TrainConfig, held: HeldOut) -> dict[str, float]:
     """Returns the mean reward, the share of successes (reward >= ``cfg.eval.success_reward``, or > 0 when that is
-    None) and :func:`tool_metrics` of the engine's current
-    policy on the held-out evaluation tasks (``held.eval_seeds``, one episode per distinct task, none of them played
-    in training or warm start: :mod:`agentrl.controller.heldout`), with ``episodes`` and ``tasks`` (distinct tasks:
-    the same number, by construction)."""
+    None) and :func:`tool_metrics` of the engine's current policy on the held-out evaluation tasks
+    (``held.eval_seeds``, one episode per distinct task, none of them played in training or warm start:
+    :mod:`agentrl.controller.heldout`), with ``episodes`` and ``tasks`` (distinct tasks: the same number, by
+    construction)."""
     from agentrl.manager import EnvManager, ManagerConfig
     from agentrl.agent.loop import AgentLoopPolicy
 
