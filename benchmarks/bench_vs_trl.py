@@ -5,7 +5,7 @@ One command::
     nice -n 5 .venv/bin/python benchmarks/bench_vs_trl.py --budget-s 480 --seeds 0 1
 
 Flow (per task of ``vs_trl_common.TASKS``: the multi-turn ToolLookup task and reasoning-gym's single-turn
-family_relationships):
+family_relationships and aiw):
 
 1. trl's venv: ``~/.cache/agentrl/bench-trl-venv`` (or ``--venv``) is made on first use with ``torch==2.13.0``,
    ``trl==TRL_VERSION``, gymnasium, pyyaml and reasoning-gym (agentrl's version); trl never enters agentrl's own

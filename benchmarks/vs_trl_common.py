@@ -37,6 +37,10 @@ TASKS = {
     "family": Task("family", "reasoning_gym/family_relationships", "configs/reasoning_gym.yaml", max_turns=1,
                    max_tokens_per_turn=12,
                    env_kwargs={"min_family_size": 3, "max_family_size": 3, "size": 100000, "system_prompt": "none"}),
+    # single-turn and learnable by the tiny model (BENCHMARKS.md, "Learning on a bridged env"): reasoning-gym's aiw
+    "aiw": Task("aiw", "reasoning_gym/aiw", "configs/reasoning_gym_aiw.yaml", max_turns=1, max_tokens_per_turn=12,
+                env_kwargs={"task_types": ["siblings"], "task_type_weights": [1.0], "size": 100000,
+                            "system_prompt": "none"}),
 }
 
 
