@@ -26,13 +26,12 @@ import functools
 import hashlib
 import json
 import typing
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, ContextManager
 
 import numpy as np
 
 from agentrl.core import Env, Message, StepResult
-from agentrl.envs.bridges.rng import LOCK, RNGStates, seed_globals
+from agentrl.envs.bridges.rng import LOCK, seeded
 
 try:
     import reasoning_gym
@@ -49,18 +48,10 @@ def dataset_names() -> list[str]:
     return sorted(DATASETS)
 
 
-@contextmanager
-def global_rng(*key: Any) -> Iterator[None]:
+def global_rng(*key: Any) -> ContextManager[None]:
     """Holds the bridges' one lock with ``random`` and ``numpy.random`` seeded from ``key``; puts the process's
     states back on exit (:mod:`.rng`)."""
-    seed = int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little")
-    with LOCK:
-        saved = RNGStates.current()
-        seed_globals(seed)
-        try:
-            yield
-        finally:
-            saved.put_over(RNGStates.current())
+    return seeded(int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little"))
 
 
 def _config_fields(name: str) -> dict[str, dataclasses.Field]:

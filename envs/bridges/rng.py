@@ -27,8 +27,9 @@ import ctypes
 import random
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -90,12 +91,8 @@ class RNGStates:
     @classmethod
     def seeded(cls, seed: int) -> "RNGStates":
         """Both generators seeded with ``seed`` (:func:`seed_globals`)."""
-        with LOCK:
-            saved = cls.current()
-            seed_globals(seed)
-            out = cls.current()
-            saved.put_over(out)
-            return out
+        with seeded(seed):
+            return cls.current()
 
     def put_over(self, in_place: "RNGStates") -> None:
         """Puts these states in place of ``in_place``, the states in place now (just taken or put; hold
@@ -112,6 +109,19 @@ def seed_globals(seed: int) -> None:
     np.random.seed(seed % 2**32)
     addr = _np_address() if _NP_RAW else None
     _np_clean = None if addr is None else ctypes.string_at(addr, _MT_BYTES)
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Holds :data:`LOCK` with both generators seeded with ``seed`` (:func:`seed_globals`); the process's states
+    are back in place on exit."""
+    with LOCK:
+        saved = RNGStates.current()
+        seed_globals(seed)
+        try:
+            yield
+        finally:
+            saved.put_over(RNGStates.current())
 
 
 def with_states(states: RNGStates | None, fn: Callable[[], T]) -> tuple[T, RNGStates]:

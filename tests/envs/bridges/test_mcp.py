@@ -1,6 +1,6 @@
 """MCP tool envs against real MCP servers started for real over stdio: the bundled demo server and a fault server
 (both written with the official ``mcp`` SDK) and ``mcp-server-time`` from the package index (nobody here wrote it).
-Episodes through ``agentrl envs check`` and 64 at once through the manager; servers that hang, die mid-episode or
+Episodes through ``agentrl envs check`` and 32 at once through the manager; servers that hang, die mid-episode or
 answer garbage become failed episodes with a clear error, and their processes end."""
 
 from __future__ import annotations
@@ -173,16 +173,17 @@ def test_a_server_from_the_package_index_mcp_server_time(tmp_path, capsys):
     assert not _servers_running("mcp_server_time")
 
 
-async def test_64_episodes_at_once_through_the_manager_are_reproducible():
+# 32 servers at once (a Python process each): 64 cost CI 200 s and found nothing 32 do not.
+async def test_32_episodes_at_once_through_the_manager_are_reproducible():
     env = agentrl.make(MCP)
     oracle = env.unwrapped.oracle_policy()
-    specs = [EpisodeSpec(MCP, seed=s) for s in range(64)]
-    async with EnvManager(ManagerConfig(max_concurrency=64), oracle) as m:
+    specs = [EpisodeSpec(MCP, seed=s) for s in range(32)]
+    async with EnvManager(ManagerConfig(max_concurrency=32), oracle) as m:
         first = await m.run_episodes(specs)
-        again = await m.run_episodes(specs[:16])
-    assert [t.error for t in first + again] == [None] * 80
+        again = await m.run_episodes(specs[:8])
+    assert [t.error for t in first + again] == [None] * 40
     assert all(t.reward == 1.0 and t.termination == "terminated" for t in first + again)
-    assert [t.messages for t in first[:16]] == [t.messages for t in again]  # same seed, same episode
+    assert [t.messages for t in first[:8]] == [t.messages for t in again]  # same seed, same episode
     assert [t.num_turns for t in first[:6]] == [2, 2, 3, 3, 3, 2]
     assert not _servers_running(DEMO_SERVER.name)
 
