@@ -219,4 +219,6 @@ def default_threshold(warm_start: float, best: float) -> float | None:
     start (a threshold at the warm start would be "reached" by every run's first checkpoint)."""
     if not best > warm_start:
         return None
-    return round(warm_start + 0.5 * (best - warm_start), 3)
+    # Not rounded: halfway between two success rates of one held-out set can be a rate of it (k/N), and rounding
+    # it up asked for k+1 right answers; the 1e-9 keeps float noise from doing the same.
+    return warm_start + 0.5 * (best - warm_start) - 1e-9

@@ -31,9 +31,16 @@ def test_crossing_time_is_the_first_checkpoint_at_or_above_the_threshold_in_time
 
 
 def test_no_threshold_when_no_run_beat_the_warm_start():
-    assert common.default_threshold(0.30, 0.70) == 0.5
+    assert common.default_threshold(0.30, 0.70) == pytest.approx(0.5)
     assert common.default_threshold(0.0, 0.0) is None and common.default_threshold(0.4, 0.3) is None
     assert common.crossing_time([(10.0, 0.0)], None) is None  # not "reached at the first checkpoint"
+
+
+def test_a_halfway_threshold_that_is_a_success_rate_of_the_held_out_set_is_reached_by_that_rate():
+    """aiw, 128 held-out questions: warm start 59/128, best 81/128, halfway 70/128 = 0.546875. Rounded to 0.547 it
+    asked for 71 right, and a run that reached 70/128 first did not count as reaching it."""
+    threshold = common.default_threshold(59 / 128, 81 / 128)
+    assert common.crossing_time([(37.0, 70 / 128), (219.0, 71 / 128)], threshold) == 37.0
 
 
 def test_success_at_equal_wall_time_is_the_newest_checkpoint_scored_by_then():
