@@ -15,8 +15,9 @@ Phases (each writes under ``--out``):
    synthetic trajectories in 5 shapes that vary padded and real tokens apart, fitted as ``overhead + a padded +
    b real`` with every coefficient >= 0 (:func:`fit_trainer`, at prediction time) (the trainer pads each micro-batch to its longest row; its log-prob head sees real positions only).
    Contention (the 2 cores are shared): the manager's rollout of 64 zero-latency episodes of the benchmark's env,
-   timed alone and while the trainer trains, and a trainer step timed alone and during that rollout (the driver's
-   agent loops compete for the cores too, which a bare decode loop leaves out). The driver's own CPU per turn
+   timed alone and while the trainer trains (the engine's slowdown), and a trainer step timed alone and beside
+   streams of zero-latency episodes holding 16, 64 and ``max_concurrency`` in flight, fitted as slowdown = ``a + k
+   x`` requests running (the driver's agent loops compete for the cores too, which a bare decode loop leaves out). The driver's own CPU per turn
    (:func:`measure_driver`, no model) is recorded too: 0.5 ms here, too little to be a cost of its own.
 2. ``real.json``: ``benchmarks/bench_schedulers.py`` for ``--variants`` (its run dirs keep each run's
    ``trajectories.jsonl``).
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -206,11 +208,35 @@ async def calibrate(model: str, reps: int, max_turns: int) -> dict:
             t_during = med([await step(big) for _ in range(reps)])
             stop.set()
             await bg
+
+        # The trainer's slowdown against the requests the engine runs: a rollout of 64 ends in a tail of a few
+        # episodes, so the loop above loads the cores less than a run that keeps max_concurrency in flight (alpha = 2
+        # here: 128). A stream of zero-latency episodes at each level of concurrency (all of them in the engine
+        # nearly all the time) holds that many; fitted as slowdown = a + k x running requests.
+        async def saturate(m) -> None:
+            specs = [EpisodeSpec(ENV_ID, env_kwargs={"latency_s": 0.0}, seed=next(seeds)) for _ in range(20_000)]
+            async with contextlib.aclosing(m.stream_episodes(specs)) as stream:
+                async for _ in stream:
+                    if stop.is_set():
+                        break
+
+        by_level = {}
+        for n in sorted({16, 64, mcfg.max_concurrency}):
+            async with EnvManager(dataclasses.replace(mcfg, max_concurrency=n), policy) as m:
+                stop.clear()
+                bg = asyncio.create_task(saturate(m))
+                by_level[n] = med([await step(big) for _ in range(reps)]) / t_big
+                stop.set()
+                await bg
+        print("trainer slowdown by requests in flight:", by_level, flush=True)
+        base, per_request = _fit(list(by_level), list(by_level.values()))
         out["driver"] = await measure_driver(cfg, max_turns, reps)
         out["contention"] = {"rollout_alone_s": alone, "rollout_during_training_s": during,
                              "slowdown_while_training": max(1.0, during / alone),
-                             "trainer_step_alone_s": t_big, "trainer_step_during_rollout_s": t_during,
-                             "slowdown_while_generating": max(1.0, t_during / t_big)}
+                             "trainer_step_alone_s": t_big, "trainer_step_during_64_episode_rollouts_s": t_during,
+                             "trainer_slowdown_by_requests_in_flight": by_level,
+                             "slowdown_while_generating": max(1.0, base),
+                             "slowdown_per_running_request": max(0.0, per_request)}
     finally:
         await engine.close()
         stop_trainer(trainer)
@@ -311,7 +337,8 @@ def predict(real: list[dict], cal: dict, out: Path, latency: float, max_turns: i
             trainer=TrainerModel(flops_per_token=t["s_per_padded_token"], head_flops_per_token=t["s_per_real_token"],
                                  micro_batch_size=t["micro_batch_size"], peak_flops=1.0, mfu=1.0,
                                  step_overhead_s=t["step_overhead_s"],
-                                 slowdown_while_generating=c["slowdown_while_generating"]),
+                                 slowdown_while_generating=c["slowdown_while_generating"],
+                                 slowdown_per_running_request=c.get("slowdown_per_running_request", 0.0)),
             response=ResponseModel(prompt_tokens=prompt, obs_tokens=obs, trajectories=str(trajs)))
         s = simulate(sim, seed=seed)
         sim_step = s["wall_s"] / s["steps"]

@@ -44,8 +44,10 @@ class TrainerModel:
     ``peak_flops`` per GPU (dense bf16), ``mfu``, ``gpus`` (data-parallel ranks), a fixed ``step_overhead_s``
     (optimizer step, gathering weights for the engine). ``slowdown_while_generating``: the step costs that many times
     more while a rollout is in flight on the same devices (shared CPU cores: the engine, and the driver's agent loops
-    between its requests, which the CPU validation found to slow a streamed step as much); ``exclusive``: the engine is paused during
-    a step instead (co-located on the same GPUs).
+    between its requests, which the CPU validation found to slow a streamed step as much), plus
+    ``slowdown_per_running_request`` times the requests the engine is running (on shared CPU cores a bigger batch
+    takes more of them: 2.1x beside rollouts of 64 episodes, 3.2x beside 128 kept in flight); ``exclusive``: the
+    engine is paused during a step instead (co-located on the same GPUs).
 
     Layout: with ``micro_batch_size`` 0 (packed or tree layouts; the GPU presets) every token of a step costs
     ``flops_per_token``. With ``micro_batch_size`` > 0 the trainer pads (its default layout): the trajectories are
@@ -60,6 +62,7 @@ class TrainerModel:
     gpus: int = 1
     step_overhead_s: float = 0.0
     slowdown_while_generating: float = 1.0
+    slowdown_per_running_request: float = 0.0
     exclusive: bool = False
     micro_batch_size: int = 0
     head_flops_per_token: float = 0.0
@@ -76,6 +79,9 @@ class TrainerModel:
             raise ValueError(f"trainer.micro_batch_size must be >= 0 (0: no padding), got {self.micro_batch_size}")
         if self.slowdown_while_generating < 1:
             raise ValueError(f"trainer.slowdown_while_generating must be >= 1, got {self.slowdown_while_generating}")
+        if self.slowdown_per_running_request < 0:
+            raise ValueError("trainer.slowdown_per_running_request must be >= 0, got "
+                             f"{self.slowdown_per_running_request}")
 
     def step_s(self, tokens: int, padded: int | None = None) -> float:
         """Seconds of a step over ``tokens`` real tokens laid out as ``padded`` (None: packed, the same count)."""
@@ -145,12 +151,14 @@ class SimTrainer:
             if m.exclusive:
                 eng.pause()
         try:
-            if eng is None or m.slowdown_while_generating == 1 or m.exclusive:
+            shared = m.slowdown_while_generating != 1 or m.slowdown_per_running_request != 0
+            if eng is None or not shared or m.exclusive:
                 await asyncio.sleep(dt)
-            else:  # in tenths, each slowed if a rollout is in flight when it starts
+            else:  # in tenths, each slowed by the rollout in flight when it starts
                 for _ in range(10):
                     busy = eng.running or eng.episodes
-                    await asyncio.sleep(dt / 10 * (m.slowdown_while_generating if busy else 1.0))
+                    factor = m.slowdown_while_generating + m.slowdown_per_running_request * eng.running
+                    await asyncio.sleep(dt / 10 * (factor if busy else 1.0))
         finally:
             if eng is not None:
                 eng.training = False

@@ -1,4 +1,4 @@
-"""The gateway on the real vLLM engine (the tiny CPU model; one engine for this module), driven by real, unmodified
+"""The gateway on the real vLLM engine (the tiny CPU model; the session's one engine), driven by real, unmodified
 clients: the ``openai`` Python client and mini-swe-agent's own agent loop (through litellm), whose commands run in
 an agentrl bwrap sandbox. Every sampled token is checked against the engine's own record (what ``generate``
 returned: ids, log-probs, versions), and the trainer's log-probs of the assembled segments against the engine's
@@ -30,22 +30,15 @@ TOOLS = [{"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    from agentrl.models import ensure_tiny_model
-
-    return ensure_tiny_model()
+def model_dir(tiny_model_dir):
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="module")
-def vllm(model_dir):
-    from agentrl.inference.config import EngineConfig
-    from agentrl.inference.vllm_engine import VLLMEngine
-
-    eng = VLLMEngine(EngineConfig(model=str(model_dir), max_model_len=1024, seed=0))
-    try:
-        yield eng
-    finally:
-        eng.close_sync()
+def vllm(engine):
+    """The session's engine (conftest.py): a module of its own cost ~40 s of CI for a second start. Its weight
+    updates here relabel the same weights with the next version, as every user of that engine does."""
+    return engine
 
 
 @pytest.fixture(scope="module")

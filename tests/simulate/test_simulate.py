@@ -116,6 +116,38 @@ def test_a_shared_trainer_is_slowed_while_an_episode_is_in_flight_even_between_e
     assert run(True) == pytest.approx(12.0)
 
 
+def test_a_shared_trainers_slowdown_grows_with_the_requests_the_engine_is_running():
+    # On 2 shared cores the trainer's slowdown beside a rollout measured 2.1x with rollouts of 64 episodes and 3.2x
+    # with 128 kept in flight: one factor for "a rollout is in flight" cannot serve both the alpha=2 run (128 in
+    # flight) and a streamed one (a draining batch of 64). Slowdown = slowdown_while_generating + per request running.
+    groups = [type("G", (), {"trajectories": [type("T", (), {"token_ids": [0] * 10, "versions": [0] * 10,
+                                                             "loss_mask": [1] * 10})()]})()]
+
+    def run(requests: int) -> float:
+        eng = SimEngine(EngineModel(decode_step_s=1.0, chunk=1))
+        tr = SimTrainer(TrainerModel(flops_per_token=0.4, peak_flops=1.0, mfu=1.0, slowdown_while_generating=1.5,
+                                     slowdown_per_running_request=0.25), eng)
+
+        async def main():
+            gens = [asyncio.ensure_future(eng.generate_tokens(1, 100)) for _ in range(requests)]
+            await asyncio.sleep(0)  # the requests take their slots
+            t0 = asyncio.get_running_loop().time()
+            await tr.train_step.remote(groups)  # 4 s alone
+            took = asyncio.get_running_loop().time() - t0
+            for g in gens:
+                g.cancel()
+            await asyncio.gather(*gens, return_exceptions=True)
+            return took
+
+        return run_virtual(main())[0]
+
+    assert run(0) == pytest.approx(4.0)
+    assert run(2) == pytest.approx(4.0 * (1.5 + 2 * 0.25))
+    assert run(4) == pytest.approx(4.0 * (1.5 + 4 * 0.25))
+    with pytest.raises(ValueError, match="slowdown_per_running_request"):
+        TrainerModel(slowdown_per_running_request=-0.1).validate()
+
+
 def test_the_trainers_calls_run_one_at_a_time_in_the_order_they_were_made():
     # The real trainer is a Ray actor (one thread): the streamed steps' accumulate calls, sent as groups finish
     # without waiting for the previous one, queue there. Run side by side, the simulated streamed variant was 14-21 %
