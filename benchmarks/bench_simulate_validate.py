@@ -13,12 +13,14 @@ Phases (each writes under ``--out``):
    with a short and a long prompt gives the prefill cost per token, and what is left of a one-token request is the
    fixed per-request cost. Weight sync: the controller's ``WeightSync.push``. Trainer: ``train_step`` on 64
    synthetic trajectories in 5 shapes that vary padded and real tokens apart, fitted as ``overhead + a padded +
-   b real`` with every coefficient >= 0 (:func:`fit_trainer`, at prediction time) (the trainer pads each micro-batch to its longest row; its log-prob head sees real positions only).
+   b real`` with every coefficient >= 0 (:func:`fit_trainer`, at prediction time; the trainer pads each
+   micro-batch to its longest row, its log-prob head sees real positions only).
    Contention (the 2 cores are shared): the manager's rollout of 64 zero-latency episodes of the benchmark's env,
    timed alone and while the trainer trains (the engine's slowdown), and a trainer step timed alone and beside
    streams of zero-latency episodes holding 16, 64 and ``max_concurrency`` in flight, fitted as slowdown = ``a + k
-   x`` requests running (the driver's agent loops compete for the cores too, which a bare decode loop leaves out). The driver's own CPU per turn
-   (:func:`measure_driver`, no model) is recorded too: 0.5 ms here, too little to be a cost of its own.
+   x`` requests running (the driver's agent loops compete for the cores too, which a bare decode loop leaves out).
+   The driver's own CPU per turn (:func:`measure_driver`, no model) is recorded too: 0.5-1.9 ms here, too little
+   to be a cost of its own.
 2. ``real.json``: ``benchmarks/bench_schedulers.py`` for ``--variants`` (its run dirs keep each run's
    ``trajectories.jsonl``).
 3. the table: each variant simulated with the calibration, the benchmark's env latency (lognormal, median

@@ -1,9 +1,10 @@
-"""The gateway on the real vLLM engine (the tiny CPU model; the session's one engine), driven by real, unmodified
-clients: the ``openai`` Python client and mini-swe-agent's own agent loop (through litellm), whose commands run in
-an agentrl bwrap sandbox. Every sampled token is checked against the engine's own record (what ``generate``
-returned: ids, log-probs, versions), and the trainer's log-probs of the assembled segments against the engine's
-behaviour log-probs: equal only if every segment is exactly a context the engine saw. Then a training step runs on
-gateway trajectories through the real trainer.
+"""The gateway on the real vLLM engine (the tiny CPU model: the session's one engine, ``engine`` in conftest.py),
+driven by real, unmodified clients: the ``openai`` Python client and mini-swe-agent's own agent loop (through
+litellm), whose commands run in an agentrl bwrap sandbox. Every sampled token is checked against the engine's own
+record (what ``generate`` returned: ids, log-probs, versions), and the trainer's log-probs of the assembled segments
+against the engine's behaviour log-probs: equal only if every segment is exactly a context the engine saw. Then a
+training step runs on gateway trajectories through the real trainer. The weight updates here relabel the same
+weights with the next version, as every user of the shared engine does.
 """
 
 from __future__ import annotations
@@ -30,28 +31,16 @@ TOOLS = [{"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_dir):
-    return tiny_model_dir
+def tok(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
-def vllm(engine):
-    """The session's engine (conftest.py): a module of its own cost ~40 s of CI for a second start. Its weight
-    updates here relabel the same weights with the next version, as every user of that engine does."""
-    return engine
-
-
-@pytest.fixture(scope="module")
-def tok(model_dir):
-    return load_tokenizer(model_dir)
-
-
-@pytest.fixture(scope="module")
-def trainer(model_dir):
+def trainer(tiny_model_dir):
     from agentrl.trainer.config import OptimizerConfig, TrainerConfig
     from agentrl.trainer.trainer import Trainer
 
-    return Trainer(TrainerConfig(device="cpu", optimizer=OptimizerConfig(lr=1e-4)), model_dir)
+    return Trainer(TrainerConfig(device="cpu", optimizer=OptimizerConfig(lr=1e-4)), tiny_model_dir)
 
 
 def check_against_engine(traj, record, trainer):
@@ -71,16 +60,16 @@ def check_against_engine(traj, record, trainer):
     assert max(diffs) < TOL, max(diffs)
 
 
-async def test_openai_client_multi_turn_tools_stream_and_not(vllm, tok, model_dir, trainer):
+async def test_openai_client_multi_turn_tools_stream_and_not(engine, tok, tiny_model_dir, trainer):
     from safetensors.torch import load_file
 
-    eng = RecordingEngine(vllm)
+    eng = RecordingEngine(engine)
     async with Gateway(eng, tok, GatewayConfig(port=0), model_name="tiny") as gw, \
             openai.AsyncOpenAI(base_url=f"{gw.url}/s/tools/v1", api_key="x", max_retries=0) as c:
         msgs = [{"role": "system", "content": "Answer with tools."}, {"role": "user", "content": "How old is Ann?"}]
         for turn in range(4):
             if turn == 2:  # a weight update mid-session (same weights, next version): tokens keep their versions
-                await vllm.update_weights(load_file(str(model_dir / "model.safetensors")), vllm.version + 1)
+                await engine.update_weights(load_file(str(tiny_model_dir / "model.safetensors")), engine.version + 1)
             kw = dict(model="tiny", messages=msgs, tools=TOOLS, max_tokens=12, temperature=1.0, seed=turn)
             if turn % 2:
                 chunks = [ch async for ch in await c.chat.completions.create(stream=True, **kw)]
@@ -105,7 +94,7 @@ async def test_openai_client_multi_turn_tools_stream_and_not(vllm, tok, model_di
     check_against_engine(traj, eng.record, trainer)
 
 
-async def test_streams_token_by_token_across_a_weight_update_and_a_hang_up(vllm, tok, model_dir, trainer):
+async def test_streams_token_by_token_across_a_weight_update_and_a_hang_up(engine, tok, tiny_model_dir, trainer):
     """The engine's steps reach the client as it samples: the first deltas arrive before the session commits, a
     weight update (abort mode) lands mid-stream and the stream goes on with the resubmitted request, the streamed text
     is the one the gateway reads from the recorded tokens, and greedy streamed == greedy whole token for token; a
@@ -114,7 +103,7 @@ async def test_streams_token_by_token_across_a_weight_update_and_a_hang_up(vllm,
 
     from agentrl.gateway.choices import read_chat
 
-    eng = RecordingEngine(vllm)
+    eng = RecordingEngine(engine)
     msgs = [{"role": "user", "content": "Tell me a long story."}]
     kw = dict(model="tiny", messages=msgs, max_tokens=300, temperature=0.0, extra_body={"ignore_eos": True})
     async with Gateway(eng, tok, GatewayConfig(port=0), model_name="tiny") as gw, \
@@ -128,7 +117,7 @@ async def test_streams_token_by_token_across_a_weight_update_and_a_hang_up(vllm,
         assert a.token_ids == b.token_ids and max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < TOL
 
         # a weight update lands while the stream is under way
-        v0 = vllm.version
+        v0 = engine.version
         parts, committed_at_first = [], None
         async for ch in await c.chat.completions.create(stream=True, extra_headers={"X-Agentrl-Session": "live"},
                                                         **{**kw, "temperature": 1.0, "seed": 3}):
@@ -136,7 +125,7 @@ async def test_streams_token_by_token_across_a_weight_update_and_a_hang_up(vllm,
                 parts.append(d.delta.content or "")
                 if committed_at_first is None and "".join(parts):
                     committed_at_first = gw.store.sessions["live"].requests
-                    await vllm.update_weights(load_file(str(model_dir / "model.safetensors")), v0 + 1,
+                    await engine.update_weights(load_file(str(tiny_model_dir / "model.safetensors")), v0 + 1,
                                               pause_mode="abort")
         assert committed_at_first == 0
         s = gw.store.sessions["live"]
@@ -169,15 +158,15 @@ async def test_streams_token_by_token_across_a_weight_update_and_a_hang_up(vllm,
         assert "gone" not in gw.store.sessions and len(eng.record) == n_record  # nothing returned, nothing kept
         r = await c.chat.completions.create(extra_headers={"X-Agentrl-Session": "gone"}, **{**kw, "max_tokens": 5})
         assert r.usage.completion_tokens == 5 and gw.store.sessions["gone"].requests == 1
-        assert not vllm._llm.output_processor.has_unfinished_requests()
+        assert not engine._llm.output_processor.has_unfinished_requests()
 
 
-async def test_anthropic_client_multi_turn_tools_stream_and_not(vllm, tok, trainer):
+async def test_anthropic_client_multi_turn_tools_stream_and_not(engine, tok, trainer):
     """The same record through Anthropic's Messages dialect (the official ``anthropic`` client): the session's tokens
     are the gateway's rendering plus what the engine sampled, with the engine's log-probs and versions."""
     import anthropic
 
-    eng = RecordingEngine(vllm)
+    eng = RecordingEngine(engine)
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in TOOLS]
     async with Gateway(eng, tok, GatewayConfig(port=0, max_tokens=12), model_name="tiny") as gw, \
@@ -207,10 +196,10 @@ async def test_anthropic_client_multi_turn_tools_stream_and_not(vllm, tok, train
     check_against_engine(traj, eng.record, trainer)
 
 
-async def test_responses_client_multi_turn_tools_stream_and_not(vllm, tok, trainer):
+async def test_responses_client_multi_turn_tools_stream_and_not(engine, tok, trainer):
     """The same record through OpenAI's Responses dialect (the official client), by whole input and by
     ``previous_response_id``."""
-    eng = RecordingEngine(vllm)
+    eng = RecordingEngine(engine)
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
     async with Gateway(eng, tok, GatewayConfig(port=0, max_tokens=12), model_name="tiny") as gw, \
             openai.AsyncOpenAI(base_url=f"{gw.url}/s/codex/v1", api_key="x", max_retries=0) as c:
@@ -240,8 +229,8 @@ async def test_responses_client_multi_turn_tools_stream_and_not(vllm, tok, train
     check_against_engine(traj, eng.record, trainer)
 
 
-async def test_history_rewriting_harness_yields_segments_the_engine_saw(vllm, tok, trainer):
-    eng = RecordingEngine(vllm)
+async def test_history_rewriting_harness_yields_segments_the_engine_saw(engine, tok, trainer):
+    eng = RecordingEngine(engine)
     async with Gateway(eng, tok, GatewayConfig(port=0), model_name="tiny") as gw, \
             openai.AsyncOpenAI(base_url=f"{gw.url}/s/rw/v1", api_key="x", max_retries=0) as c:
         msgs = [{"role": "user", "content": "Step 1."}]
@@ -258,7 +247,7 @@ async def test_history_rewriting_harness_yields_segments_the_engine_saw(vllm, to
     check_against_engine(traj, eng.record, trainer)
 
 
-async def test_command_line_server_serves_and_writes_every_session(vllm, tmp_path):
+async def test_command_line_server_serves_and_writes_every_session(engine, tmp_path):
     """``agentrl gateway``'s server (``serve``, as the command runs it, on this module's engine): the tiny model by
     name, chat and completions in their sessions, and the sessions live at shutdown written to ``out``."""
     import socket
@@ -274,7 +263,7 @@ async def test_command_line_server_serves_and_writes_every_session(vllm, tmp_pat
     out = tmp_path / "sessions.jsonl"
     stop = asyncio.Event()
     server = asyncio.ensure_future(serve(GatewayRunConfig(model="tiny", gateway=GatewayConfig(port=port, out=str(out))),
-                                         stop, engine=vllm))
+                                         stop, engine=engine))
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
@@ -299,7 +288,7 @@ async def test_command_line_server_serves_and_writes_every_session(vllm, tmp_pat
         r2.usage.completion_tokens
     from agentrl.inference.base import SamplingParams
 
-    gen = await vllm.generate([1, 2, 3], SamplingParams(max_tokens=1), request_id="after-serve")
+    gen = await engine.generate([1, 2, 3], SamplingParams(max_tokens=1), request_id="after-serve")
     assert len(gen.token_ids) == 1  # a lent engine is not closed with the server
 
 
@@ -332,7 +321,7 @@ class SandboxShell:
         return {"info": {"environment_type": "agentrl-sandbox"}}
 
 
-async def test_mini_swe_agent_runs_unmodified_and_its_session_trains(vllm, tok, trainer, tmp_path):
+async def test_mini_swe_agent_runs_unmodified_and_its_session_trains(engine, tok, trainer, tmp_path):
     from agentrl.sandboxes import SandboxSpec, bwrap_available, create_sandbox
 
     ok, why = bwrap_available()
@@ -367,7 +356,7 @@ async def test_mini_swe_agent_runs_unmodified_and_its_session_trains(vllm, tok, 
         return HarnessResult(1.0 if out.get("exit_status") == "Submitted" else 0.0,
                              {"exit_status": out.get("exit_status"), "probe": probe.output})
 
-    eng = RecordingEngine(vllm)
+    eng = RecordingEngine(engine)
     pol = HarnessPolicy(eng, tok, harness, GatewayConfig(port=0, sampling="config", temperature=1.0))
     try:
         async with EnvManager(ManagerConfig(max_turns=16), pol) as m:
