@@ -4,6 +4,7 @@ compare the mean seconds per step.
 
     .venv/bin/python benchmarks/bench_simulate_validate.py --out /tmp/simval            # calibrate, run, predict
     .venv/bin/python benchmarks/bench_simulate_validate.py --out /tmp/simval --predict-only
+    .venv/bin/python benchmarks/bench_simulate_validate.py --out /tmp/simval --rounds 3   # all of it 3 times, pooled
 
 Phases (each writes under ``--out``):
 
@@ -366,7 +367,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--predict-only", action="store_true", help="reuse calibration.json and real.json under --out")
     ap.add_argument("--reuse-real", action="store_true", help="calibrate anew, reuse real.json (the real runs)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat calibrate-run-predict this many times into OUT/round-N, the variants' order rotated "
+                         "each round, then pool the rounds (one real run of a variant varies by more than 15 %% here)")
     args = ap.parse_args()
+    if args.rounds > 1:
+        return rounds(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.predict_only:
@@ -390,6 +396,48 @@ def main() -> int:
               f"{r['real_trainer_idle']:.2f} / {r['sim_trainer_idle']:.2f} | {r['load_start']:.1f} / "
               f"{r['load_end']:.1f} |")
     return 0
+
+
+def rounds(args: argparse.Namespace) -> int:
+    """``--rounds N``: this script's whole run N times, each round calibrated right before its own real runs and
+    predicted with its own calibration, the variants' order rotated so that none always runs first or last; then
+    ``pooled.json`` and a table of each variant's rounds."""
+    base = Path(args.out)
+    done = []
+    for k in range(args.rounds):
+        rot = args.variants[k % len(args.variants):] + args.variants[:k % len(args.variants)]
+        out = base / f"round-{k + 1}"
+        cmd = [sys.executable, __file__, "--out", str(out), "--variants", *rot, "--model", args.model,
+               "--steps", str(args.steps), "--latency", str(args.latency), "--max-turns", str(args.max_turns),
+               "--budget", str(args.budget), "--extra", str(args.extra), "--reps", str(args.reps),
+               "--seed", str(args.seed), *(["--predict-only"] if args.predict_only else []),
+               *(["--reuse-real"] if args.reuse_real else [])]
+        print(f"== round {k + 1}/{args.rounds}: {' '.join(rot)} (load {_load()})", flush=True)
+        subprocess.run(cmd, check=True)
+        done.append(json.loads((out / "validation.json").read_text()))
+    pooled = pool(done)
+    (base / "pooled.json").write_text(json.dumps(pooled, indent=2))
+    print("| variant | real s/step, per round | simulated s/step, per round | error per round | error of the means |")
+    print("| --- | --- | --- | --- | --- |")
+    for v in pooled:
+        print(f"| {v['variant']} | {' / '.join(f'{x:.2f}' for x in v['real'])} | "
+              f"{' / '.join(f'{x:.2f}' for x in v['sim'])} | "
+              f"{' / '.join(f'{100 * (s / r - 1):+.0f}' for s, r in zip(v['sim'], v['real']))} % | "
+              f"{100 * v['error_of_means']:+.0f} % |")
+    return 0
+
+
+def pool(rounds_rows: list[list[dict]]) -> list[dict]:
+    """Per variant (in the first round's order), its real and simulated s/step of every round, and the error of
+    the mean prediction against the mean real run."""
+    out = []
+    for name in [r["variant"] for r in rounds_rows[0]]:
+        got = [next(r for r in rows if r["variant"] == name) for rows in rounds_rows]
+        real, sim = [g["real_step_s"] for g in got], [g["sim_step_s"] for g in got]
+        out.append({"variant": name, "real": real, "sim": sim,
+                    "error_of_means": statistics.fmean(sim) / statistics.fmean(real) - 1,
+                    "real_spread": (max(real) - min(real)) / statistics.fmean(real)})
+    return out
 
 
 if __name__ == "__main__":

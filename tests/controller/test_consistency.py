@@ -101,3 +101,4 @@ def test_twenty_steps_at_alpha_0_with_lr_0_stay_on_policy(tmp_path):
         assert r["train/mismatch/kl_k3"] < 1e-6, r
         assert r["train/ratio/clip_frac"] < 1e-3 and r["train/is/truncated_frac"] < 1e-3, r
         assert r["train/staleness/max"] == 0
+        assert r["weights/path"] == "in_driver"  # the one path test_train.py runs at α = 1 only

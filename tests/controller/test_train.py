@@ -74,11 +74,11 @@ def run_cli(args: list[str], **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
 
-# α = 0 here; α = 1 with the real engine runs in the SIGKILL/resume test below and in the custom-env example's test.
-# Weights take each path a training run can take on the CPU: one engine in the driver, and two engine replicas fed
-# by the trainer's gloo broadcast through vLLM's weight-transfer API (never through the driver), full weights or,
-# with trainer.lora, the adapter alone.
-@pytest.mark.parametrize("alpha,path,lora", [(0, "in_driver", False), (0, "broadcast", False), (0, "broadcast", True)])
+# α = 0 here, with two engine replicas fed by the trainer's gloo broadcast through vLLM's weight-transfer API (never
+# through the driver), full weights or, with trainer.lora, the adapter alone. The other path a training run can take
+# on the CPU, one engine in the driver, runs at α = 1 in the SIGKILL/resume test below (the same checks per step) and
+# at α = 0 in test_consistency.py (20 steps, KL(μ‖π) < 1e-6 at every one).
+@pytest.mark.parametrize("alpha,path,lora", [(0, "broadcast", False), (0, "broadcast", True)])
 def test_training_runs_with_bounded_staleness(tmp_path, alpha, path, lora):
     run_dir = tmp_path / f"run{alpha}"
     engine = ["engine.replicas=2", "engine.weight_sync=gloo"] if path == "broadcast" else []
@@ -90,6 +90,20 @@ def test_training_runs_with_bounded_staleness(tmp_path, alpha, path, lora):
     assert p.returncode == 0, out[-4000:]
     r = rows(run_dir)
     assert [x["step"] for x in r] == [1, 2, 3]
+    check_step_rows(r, alpha, path)
+    if alpha == 0:
+        assert all(x["train/staleness/max"] == 0 for x in r)
+        # After every weight sync the trainer's log-probs of the engine's sampled tokens equal the engine's
+        # (steps 2 and 3 train on tokens of weights the engine got from the trainer).
+        assert all(x["train/mismatch/kl_k3"] < 1e-6 for x in r), [x["train/mismatch/kl_k3"] for x in r]
+    if lora:  # every sync broadcast the adapter alone: exactly the bytes of the adapter a checkpoint holds
+        adapter = load_file(str(RunFiles(run_dir).latest_checkpoint()[1] / "model" / "adapter_model.safetensors"))
+        assert {x["weights/bytes"] for x in r} == {float(sum(t.numel() * t.element_size() for t in adapter.values()))}
+    check_run_files(run_dir, steps=3)
+    check_viewer_files(run_dir, steps=3, per_step=4, alpha=alpha)
+
+
+def check_step_rows(r: list[dict], alpha: int, path: str) -> None:
     for x in r:
         # The trainer saw no token older than alpha versions (alpha = 0: strictly on-policy).
         assert x["train/staleness/max"] <= alpha, x
@@ -100,19 +114,13 @@ def test_training_runs_with_bounded_staleness(tmp_path, alpha, path, lora):
         assert x["chat/sessions"] >= 4 and x["chat/drift_handover"] == x["chat/drift_env"] == 0.0
         # How the weights travelled, and what it cost: every step syncs (sync_every 1).
         assert x["weights/path"] == path and x["weights/bytes"] > 100_000 and x["weights/sync_s"] > 0, x
-    if alpha == 0:
-        assert all(x["train/staleness/max"] == 0 for x in r)
-        # After every weight sync the trainer's log-probs of the engine's sampled tokens equal the engine's
-        # (steps 2 and 3 train on tokens of weights the engine got from the trainer).
-        assert all(x["train/mismatch/kl_k3"] < 1e-6 for x in r), [x["train/mismatch/kl_k3"] for x in r]
-    if lora:  # every sync broadcast the adapter alone: exactly the bytes of the adapter a checkpoint holds
-        adapter = load_file(str(RunFiles(run_dir).latest_checkpoint()[1] / "model" / "adapter_model.safetensors"))
-        assert {x["weights/bytes"] for x in r} == {float(sum(t.numel() * t.element_size() for t in adapter.values()))}
+
+
+def check_run_files(run_dir: Path, steps: int) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_before"]["episodes"] == 4 and summary["eval_after"]["episodes"] == 4
-    assert RunFiles(run_dir).latest_checkpoint()[0] == 3
+    assert RunFiles(run_dir).latest_checkpoint()[0] == steps
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
-    check_viewer_files(run_dir, steps=3, per_step=4, alpha=alpha)
 
 
 def check_viewer_files(run_dir: Path, steps: int, per_step: int, alpha: int) -> None:
@@ -166,6 +174,8 @@ def test_sigkill_then_resume_repeats_and_skips_no_step(tmp_path):
     r = rows(run_dir)
     steps = [x["step"] for x in r]
     assert steps == [1, 2, 3, 4, 5], steps  # nothing repeated, nothing skipped
+    check_step_rows(r, alpha=1, path="in_driver")
+    check_run_files(run_dir, steps=5)
     state = json.loads((files.checkpoint_dir(5) / "trainer_state.json").read_text())
     assert state["version"] == 5 and state["optimizer_steps"] == 5
     check_viewer_files(run_dir, steps=5, per_step=4, alpha=1)

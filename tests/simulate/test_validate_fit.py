@@ -38,3 +38,15 @@ def test_a_negative_intercept_is_refitted_away_not_clamped():
     resid = [fit["s_per_padded_token"] * r["padded"] + fit["s_per_real_token"] * r["real"] - r["step_s"]
              for r in rows.values()]
     assert min(resid) < 0 < max(resid)  # a fit passes between the points, not above all of them
+
+
+def test_rounds_pool_by_variant_whatever_order_each_round_ran_them():
+    def row(v, real, sim):
+        return {"variant": v, "real_step_s": real, "sim_step_s": sim}
+
+    pooled = bench.pool([[row("sync", 4.0, 5.0), row("tail", 2.0, 2.0)],
+                         [row("tail", 6.0, 4.0), row("sync", 6.0, 4.0)]])
+    assert [p["variant"] for p in pooled] == ["sync", "tail"]
+    assert pooled[0]["real"] == [4.0, 6.0] and pooled[0]["sim"] == [5.0, 4.0]
+    assert pooled[0]["error_of_means"] == pytest.approx(-0.1)  # 4.5 predicted against 5.0
+    assert pooled[1]["error_of_means"] == pytest.approx(-0.25) and pooled[1]["real_spread"] == pytest.approx(1.0)
