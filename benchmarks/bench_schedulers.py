@@ -120,6 +120,9 @@ def table(results: list[dict]) -> str:
              "(deferred) | max staleness | trained gen. tokens p50 / p90 / max | held-out reward before → after | "
              "load start / end |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    def reward(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"  # no held-out evaluation (--eval 0)
+
     for r in results:
         sp = f"{base['mean_step_s'] / r['mean_step_s']:.2f}×" if base else "-"
         rounds = (f"{r['short_rounds']:.0f} / {r['long_rounds']:.0f} ({r['deferred_total']:.0f})"
@@ -127,7 +130,7 @@ def table(results: list[dict]) -> str:
         lines.append(f"| {r['name']} | {r['mean_step_s']:.2f} | {sp} | {r['trainer_idle']:.2f} | "
                      f"{r['rollout_idle']:.2f} | {rounds} | {r['staleness_max']:.0f} | "
                      f"{r['gen_p50']} / {r['gen_p90']} / {r['gen_max']} | "
-                     f"{r['eval_before']:.3f} → {r['eval_after']:.3f} | {r['load_start']:.1f} / {r['load_end']:.1f} |")
+                     f"{reward(r['eval_before'])} → {reward(r['eval_after'])} | {r['load_start']:.1f} / {r['load_end']:.1f} |")
     return "\n".join(lines)
 
 
