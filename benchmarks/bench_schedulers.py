@@ -114,15 +114,16 @@ def run_one(args: argparse.Namespace, name: str, overrides: list[str]) -> dict:
             "load_start": load0, "load_end": os.getloadavg()[0]}
 
 
+def _reward(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"  # None: no held-out evaluation (--eval 0)
+
+
 def table(results: list[dict]) -> str:
     base = next((r for r in results if r["name"] == "sync"), None)
     lines = ["| variant | mean s / trained batch | vs sync | trainer idle | engine idle | short / long rounds "
              "(deferred) | max staleness | trained gen. tokens p50 / p90 / max | held-out reward before → after | "
              "load start / end |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    def reward(x: float | None) -> str:
-        return "-" if x is None else f"{x:.3f}"  # no held-out evaluation (--eval 0)
-
     for r in results:
         sp = f"{base['mean_step_s'] / r['mean_step_s']:.2f}×" if base else "-"
         rounds = (f"{r['short_rounds']:.0f} / {r['long_rounds']:.0f} ({r['deferred_total']:.0f})"
@@ -130,7 +131,8 @@ def table(results: list[dict]) -> str:
         lines.append(f"| {r['name']} | {r['mean_step_s']:.2f} | {sp} | {r['trainer_idle']:.2f} | "
                      f"{r['rollout_idle']:.2f} | {rounds} | {r['staleness_max']:.0f} | "
                      f"{r['gen_p50']} / {r['gen_p90']} / {r['gen_max']} | "
-                     f"{reward(r['eval_before'])} → {reward(r['eval_after'])} | {r['load_start']:.1f} / {r['load_end']:.1f} |")
+                     f"{_reward(r['eval_before'])} → {_reward(r['eval_after'])} | "
+                     f"{r['load_start']:.1f} / {r['load_end']:.1f} |")
     return "\n".join(lines)
 
 
