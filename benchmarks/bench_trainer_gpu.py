@@ -29,12 +29,14 @@ import sys
 import tempfile
 import time
 
-# Published shapes (config.json of Qwen/Qwen2.5-0.5B and -1.5B); weights are random here.
+# Published shapes (config.json of Qwen/Qwen2.5-0.5B, -1.5B and -3B); weights are random here.
 MODELS = {
     "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                  num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
     "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                  num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+               num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True),
     "cpu-small": dict(vocab_size=32000, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
 }
@@ -178,7 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--child-run", help=argparse.SUPPRESS)
     ap.add_argument("--cpu", action="store_true", help="small shapes on the CPU")
-    ap.add_argument("--models", nargs="+", default=None, help="0.5b 1.5b (GPU) / cpu-small (CPU)")
+    ap.add_argument("--models", nargs="+", default=None, help="0.5b 1.5b 3b (GPU) / cpu-small (CPU)")
     ap.add_argument("--variants", nargs="+", default=None, choices=sorted(VARIANTS))
     ap.add_argument("--lengths", nargs="+", default=["fixed", "variable"], choices=["fixed", "variable"])
     ap.add_argument("--groups", type=int, default=None)

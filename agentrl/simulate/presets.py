@@ -26,8 +26,8 @@ Assumptions (not measured figures; change them in the config): prefill runs at 5
 GPU; https://github.com/LambdaLabsML/vllm-benchmark); a weight sync moves the bf16 weights at 25 GB/s (half of a
 400 Gb/s InfiniBand link) plus 1 s to pause, load and resume; the trainer's ``flops_per_token`` is 8 x params (6 for
 forward and backward, 2 for the proximal policy's recompute) at MFU 0.3 (prime-rl reports 26.8 % for RL on one H100).
-agentrl's own trainer, measured on one H200 (BENCHMARKS.md), reaches less at small sizes: 17-22 % at 1.5B, 7-8 % at
-0.5B (6 x params count).
+agentrl's own trainer, measured on one H200 (BENCHMARKS.md; 6 x params count), reaches 29-30 % at 3B with
+``compile_layers`` and checkpointing every second layer (21-23 % without), 25 % at 1.5B, 7-8 % at 0.5B.
 
 GPU figures are the vendors' datasheets (dense bf16 tensor FLOP/s, HBM bandwidth): H800 has the H100's compute
 and memory (its NVLink is 400 GB/s, not 900). Model figures are the Hugging Face configs.
@@ -52,6 +52,7 @@ GPUS: dict[str, tuple[float, float]] = {
 # name: (parameters, layers, KV heads, head dim)
 MODELS: dict[str, tuple[float, int, int, int]] = {
     "Qwen2.5-1.5B": (1.54e9, 28, 2, 128),
+    "Qwen2.5-3B": (3.09e9, 36, 2, 128),
     "Qwen2.5-7B": (7.62e9, 28, 4, 128),
     "Qwen2.5-14B": (14.7e9, 48, 8, 128),
     "Qwen2.5-32B": (32.8e9, 64, 8, 128),
