@@ -1,10 +1,11 @@
 """Trainer throughput, memory and MFU on random-init Qwen2 models (no downloads), as in issue 11.
 
-GPU mode (default): Qwen2.5-0.5B- and 1.5B-shaped models (random weights, built from their published shapes), a batch
-of ``--groups`` x ``--group-size`` trajectories of ``--prompt`` + ``--gen`` tokens (fixed) or ``--prompt`` +
+GPU mode (default): Qwen2.5-0.5B-, 1.5B- and 3B-shaped models (random weights, built from their published shapes), a
+batch of ``--groups`` x ``--group-size`` trajectories of ``--prompt`` + ``--gen`` tokens (fixed) or ``--prompt`` +
 uniform(``--var-gen``) tokens (variable), decoupled PPO through ``Trainer.train_step`` with the settings of
 ``configs/gpu_qwen2.5_tooluse.yaml`` (bf16 compute, float32 master weights and AdamW state, token budget per
-micro-batch), one warm-up step then ``--steps`` timed steps. Reports s/step, tokens/s, peak GPU memory
+micro-batch; the config's ``compile_layers`` is the ``compiled`` variant here, ``default`` runs without it), one
+warm-up step then ``--steps`` timed steps. Reports s/step, tokens/s, peak GPU memory
 (``torch.cuda.max_memory_allocated``) and MFU = 6 x non-embedding parameters x tokens / time / peak bf16 FLOP/s
 (989 TFLOP/s for an H100 SXM; ``--peak-tflops`` otherwise). The proximal pass, when a variant needs one, is work
 the MFU does not count. ``--longest`` then finds the longest single sequence that trains (doubling from 16,384).
