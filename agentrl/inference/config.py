@@ -185,3 +185,19 @@ class EngineConfig:
         if self.model in VARIANTS:
             return str(ensure_tiny_model(variant=self.model))
         return self.model
+
+    def resolved_dtype(self, model_path: str) -> str:
+        """``dtype`` with ``"auto"`` resolved to the checkpoint's own dtype (``model_path``'s ``config.json``). vLLM
+        CPU's "auto" turns a float32 checkpoint into bfloat16, which would silently break the float32 logprob match
+        with the trainer."""
+        if self.dtype != "auto":
+            return self.dtype
+        import json
+        from pathlib import Path
+
+        try:
+            hf = json.loads((Path(model_path) / "config.json").read_text())
+        except (OSError, ValueError):
+            return "auto"
+        found = hf.get("dtype") or hf.get("torch_dtype") or (hf.get("text_config") or {}).get("dtype")
+        return found if found in ("float32", "bfloat16", "float16") else "auto"

@@ -20,6 +20,9 @@ same update is also available in phases (``pause`` -> ``load_prepared`` -> ``com
 several engines at once (:mod:`agentrl.inference.replicas`), and, with ``weight_sync: nccl|gloo``, as vLLM's
 weight-transfer phases (``init_weight_transfer``, ``start_weight_update``, ``receive_weights``,
 ``finish_weight_update``, then ``commit``) for a trainer that broadcasts (:mod:`agentrl.inference.weight_transfer`).
+
+Processes: the engine core and its workers are child processes; :mod:`agentrl.inference.orphan_guard` kills them
+if this process dies without :meth:`VLLMEngine.close` (vLLM's engine core does not watch the process that spawned it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import threading
 import time
 from typing import Any, Callable, Coroutine, TypeVar
 
+from agentrl.inference import orphan_guard
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import WORKER_EXTENSION, EngineConfig
 
@@ -85,6 +89,7 @@ class VLLMEngine(InferenceEngine):
         self._version = 0
         self._closed = False
         self._llm: Any = None
+        self._guard: orphan_guard.Guard | None = None  # kills the engine's processes if this driver dies first
         self._schema: dict[str, tuple[int, ...]] | None = None  # checkpoint tensor shapes, read on first update
         self._request_counter = itertools.count()
         self._update_lock: asyncio.Lock | None = None  # created on the engine loop
@@ -140,7 +145,7 @@ class VLLMEngine(InferenceEngine):
         kwargs: dict[str, Any] = dict(
             model=self.model_path,
             tokenizer=self.cfg.tokenizer,
-            dtype=self._resolve_dtype(),
+            dtype=self.cfg.resolved_dtype(self.model_path),
             max_model_len=self.cfg.max_model_len,
             enforce_eager=self.cfg.enforce_eager,
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
@@ -165,6 +170,7 @@ class VLLMEngine(InferenceEngine):
             kwargs.update(enable_lora=True, max_lora_rank=vllm_max_rank(lora), max_loras=2, max_cpu_loras=4)
         kwargs.update(self.cfg.extra_engine_args)
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self._guard = orphan_guard.guard(orphan_guard.engine_core_pids(self._llm))
         self._update_lock = asyncio.Lock()
         if lora is not None:
             from agentrl.inference.lora import AdapterSet
@@ -173,21 +179,6 @@ class VLLMEngine(InferenceEngine):
             if self.cfg.adapter_path():
                 await self.adapter_set.register(0, self.cfg.adapter_path())
         await self._llm.update_weight_version(str(self._version))
-
-    def _resolve_dtype(self) -> str:
-        """``"auto"`` -> the checkpoint's own dtype. vLLM CPU's "auto" turns a float32 checkpoint into bfloat16,
-        which would silently break the float32 logprob match with the trainer."""
-        if self.cfg.dtype != "auto":
-            return self.cfg.dtype
-        import json
-        from pathlib import Path
-
-        try:
-            hf = json.loads((Path(self.model_path) / "config.json").read_text())
-        except (OSError, ValueError):
-            return "auto"
-        found = hf.get("dtype") or hf.get("torch_dtype") or (hf.get("text_config") or {}).get("dtype")
-        return found if found in ("float32", "bfloat16", "float16") else "auto"
 
     def _stop_loop(self) -> None:
         if self._loop.is_running():
@@ -479,8 +470,11 @@ class VLLMEngine(InferenceEngine):
 
             try:
                 asyncio.run_coroutine_threadsafe(_shutdown(), self._loop).result(timeout=60)
+                clean = True
             except Exception:
-                pass
+                clean = False
+            if self._guard is not None:
+                self._guard.release(kill=not clean)
         self._stop_loop()
 
     async def __aenter__(self) -> "VLLMEngine":
