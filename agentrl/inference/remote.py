@@ -6,6 +6,10 @@ Server side (``vllm serve`` or ``python -m vllm.entrypoints.openai.api_server``,
     VLLM_SERVER_DEV_MODE=1 vllm serve MODEL_DIR --enable-scale-out \\
         --worker-extension-cls agentrl.inference.vllm_worker.WeightSyncExtension   # for weight_sync="http"/"file"
 
+On a CPU server add ``--no-enable-chunked-prefill --max-num-batched-tokens N`` (N at least ``--max-model-len``): a
+prefill split over steps crashes vLLM CPU's engine core when the request is seeded, as this client's requests are
+(the in-process engine sets the same, :mod:`agentrl.inference.vllm_engine`).
+
 ``--enable-scale-out`` turns on ``/inference/v1/generate`` (token ids in, token ids, log-probabilities and weight
 versions out); dev mode turns on ``/pause``, ``/resume``, ``/update_weight_version``, ``/collective_rpc``.
 

@@ -139,9 +139,14 @@ class VLLMEngine(InferenceEngine):
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        cpu_args: dict[str, Any] = {}
         if current_platform.is_cpu():
             # Read by the engine-core process at start; without it vLLM CPU sizes the KV cache from all memory.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.kv_cache_space_gib)
+            # A prefill split over steps rewinds its request's generator by an offset, which torch's CPU generator
+            # lacks: any seeded request (the agent loop seeds all) in a split step kills the engine core. Unsplit
+            # prefills up to the context length avoid it (extra_engine_args may still override).
+            cpu_args = dict(enable_chunked_prefill=False, max_num_batched_tokens=max(self.cfg.max_model_len, 2048))
         kwargs: dict[str, Any] = dict(
             model=self.model_path,
             tokenizer=self.cfg.tokenizer,
@@ -168,6 +173,7 @@ class VLLMEngine(InferenceEngine):
 
             # two adapters at once: the current one and one still held by requests in flight across an update
             kwargs.update(enable_lora=True, max_lora_rank=vllm_max_rank(lora), max_loras=2, max_cpu_loras=4)
+        kwargs.update(cpu_args)
         kwargs.update(self.cfg.extra_engine_args)
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self._guard = orphan_guard.guard(orphan_guard.engine_core_pids(self._llm))

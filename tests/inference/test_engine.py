@@ -120,6 +120,22 @@ async def test_many_concurrent_requests(engine, tok):
     assert [len(g.token_ids) for g in gens] == [8 + i % 5 for i in range(48)]
 
 
+async def test_seeded_prompts_over_one_steps_token_budget_do_not_kill_the_engine(engine, tok):
+    """vLLM splits prefills that do not fit one step's token budget (2,048 on the CPU) and then rewinds each split
+    request's generator by an offset, which torch's CPU generator does not have: one seeded request in a split step
+    ("CPU Generator does not use offset") killed the engine core. The agent loop seeds every request, so a long
+    context, or many contexts arriving at once, took the CPU engine down."""
+    prompts = [[10 + (i * 7 + j) % 200 for j in range(600)] for i in range(6)]  # 3,600 distinct prompt tokens
+    gens = await asyncio.gather(*[
+        engine.generate(p, SamplingParams(max_tokens=4, ignore_eos=True, seed=i), request_id=f"eng-split-{i}")
+        for i, p in enumerate(prompts)
+    ])
+    assert [len(g.token_ids) for g in gens] == [4] * 6
+    again = await engine.generate(prompts[2], SamplingParams(max_tokens=4, ignore_eos=True, seed=2),
+                                  request_id="eng-split-again")
+    assert again.token_ids == gens[2].token_ids  # seeded: the same tokens alone as in the crowded step
+
+
 def test_usable_from_another_thread_and_event_loop(engine, tok):
     p = _prompt(tok)
     out = {}

@@ -42,7 +42,7 @@ def server(tiny_model_dir):
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
                VLLM_CPU_OMP_THREADS_BIND="nobind")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
-           "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--gpu-memory-utilization", "0.5",
+           "--dtype", "float32", "--max-model-len", "2048", "--no-enable-chunked-prefill", "--enforce-eager", "--gpu-memory-utilization", "0.5",
            "--host", "127.0.0.1", "--port", str(port), "--worker-extension-cls", WORKER_EXTENSION, "--enable-scale-out"]
     log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"agentrl-test-vllm-server-{port}.log"), "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
