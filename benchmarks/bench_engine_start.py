@@ -1,0 +1,86 @@
+"""The in-process vLLM engine's start-up and decode speed by executor: vLLM CPU's default (``mp``: the worker in a
+process of its own beside the engine core) against the worker inside the engine-core process (``uni``).
+
+Each run is a fresh process (start-up includes vLLM's imports and process spawns); executors alternate so that a
+drifting host hits both alike. Per run: seconds until the engine is ready, then tokens/s of 6 rounds of 96 sampled
+tokens each at batch 1, 8 and 32 (50-token prompts, seeded requests, as the agent loop sends them).
+
+    .venv/bin/python benchmarks/bench_engine_start.py --executors mp uni --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+BATCHES = (1, 8, 32)
+
+
+def child(executor: str) -> dict:
+    t0 = time.perf_counter()
+    if executor == "uni":
+        # vLLM CPU turns "uni" into "mp" unless this is off; AsyncLLM itself ignores it (its engine core always
+        # runs in a process of its own)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from agentrl.inference import EngineConfig
+    from agentrl.inference.base import SamplingParams
+    from agentrl.inference.vllm_engine import VLLMEngine
+    from agentrl.models import ensure_tiny_model
+
+    model = str(ensure_tiny_model(variant="tiny-tool"))
+    eng = VLLMEngine(EngineConfig(model=model, max_model_len=2048, seed=0,
+                                  extra_engine_args={"distributed_executor_backend": executor}))
+    ready_s = time.perf_counter() - t0
+    used = eng._llm.vllm_config.parallel_config.distributed_executor_backend
+    if used != executor:
+        raise RuntimeError(f"asked for executor {executor!r}, vLLM runs {used!r}")
+
+    async def rounds() -> dict[int, float]:
+        out = {}
+        for n in BATCHES:
+            ts = time.perf_counter()
+            for k in range(6):
+                await asyncio.gather(*[
+                    eng.generate(list(range(10, 60)), SamplingParams(max_tokens=96, ignore_eos=True, seed=i),
+                                 request_id=f"b{n}-{k}-{i}") for i in range(n)])
+            out[n] = 6 * n * 96 / (time.perf_counter() - ts)
+        return out
+
+    tok_s = asyncio.run(rounds())
+    eng.close_sync()
+    return {"executor": executor, "ready_s": round(ready_s, 1), "engine_start_s": round(eng.start_time_s, 1),
+            "tok_per_s": {str(n): round(v, 1) for n, v in tok_s.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--executors", nargs="+", default=["mp", "uni"], choices=["mp", "uni"])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child)), flush=True)
+        return
+    runs = []
+    for r in range(args.repeats):
+        for ex in args.executors:
+            out = subprocess.run([sys.executable, __file__, "--child", ex], capture_output=True, text=True)
+            line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+            if out.returncode or not line:
+                sys.exit(f"{ex} run {r} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+            runs.append(json.loads(line[0][7:]) | {"load": round(os.getloadavg()[0], 2)})
+            print(json.dumps(runs[-1]), flush=True)
+    print("\n| executor | ready s | " + " | ".join(f"tok/s at {n}" for n in BATCHES) + " | load |")
+    print("| --- | ---: | " + " | ".join("---:" for _ in BATCHES) + " | ---: |")
+    for run in runs:
+        print(f"| {run['executor']} | {run['ready_s']} | " + " | ".join(str(run['tok_per_s'][str(n)]) for n in BATCHES)
+              + f" | {run['load']} |")
+
+
+if __name__ == "__main__":
+    main()
