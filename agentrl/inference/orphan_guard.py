@@ -73,32 +73,28 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def kill_tree(targets: Iterable[tuple[int, int]]) -> list[int]:
     """SIGSTOPs then SIGKILLs each ``(pid, start_time)`` still alive with that start time, and its descendants.
     Returns the PIDs signalled."""
     roots = [pid for pid, started in targets if start_time(pid) == started]
     stopped: list[int] = []
-    for pid in roots:
-        for p in [pid, *descendants(pid)]:
-            try:
-                os.kill(p, signal.SIGSTOP)
-                stopped.append(p)
-            except ProcessLookupError:
-                pass
-    # a child spawned between the listing and its parent's stop: list again now that nothing in the tree runs
-    for pid in roots:
-        for p in descendants(pid):
-            if p not in stopped:
-                try:
-                    os.kill(p, signal.SIGSTOP)
+    # two passes: a child spawned between the first listing and its parent's stop is listed by the second, when
+    # nothing in the tree runs any more
+    for _ in range(2):
+        for pid in roots:
+            for p in [pid, *descendants(pid)]:
+                if p not in stopped and _signal(p, signal.SIGSTOP):
                     stopped.append(p)
-                except ProcessLookupError:
-                    pass
     for p in stopped:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _signal(p, signal.SIGKILL)
     return stopped
 
 
