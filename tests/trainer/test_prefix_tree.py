@@ -184,7 +184,11 @@ def test_the_tree_attention_is_flex_attention_on_cuda_only() -> None:
 
 
 def _cfg(tree: bool, **kw) -> TrainerConfig:
-    return TrainerConfig(device="cpu", micro_batch_size=8, prefix_tree=tree, optimizer=OptimizerConfig(lr=1e-3),
+    # eps 1e-3, not AdamW's 1e-8: a first Adam step moves each weight by lr * g / (|g| + eps), so with a tiny eps a
+    # gradient element near zero turns float noise between the layouts into a weight difference of up to lr (a
+    # one-element 1.02e-5 miss in CI); with 1e-3 a weight moves by at most the gradient's own noise.
+    return TrainerConfig(device="cpu", micro_batch_size=8, prefix_tree=tree,
+                         optimizer=OptimizerConfig(lr=1e-3, eps=1e-3),
                          loss=LossConfig(name="decoupled_ppo", kl_coef=0.05, entropy_coef=0.01), **kw)
 
 
