@@ -28,38 +28,33 @@ from typing import Iterable
 POLL_S = 1.0  # how often the watcher checks that the driver's PID still exists, besides the pipe
 
 
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22); None if it is gone."""
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             # the command name (field 2) may hold spaces and parentheses: the fields after it follow the last ")"
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
+            return f.read().rsplit(b")", 1)[1].split()
     except OSError:
         return None
 
 
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22); None if it is gone."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
+
+
 def _alive(pid: int, started: int) -> bool:
     """``pid`` runs and is the process that started at ``started`` (a zombie counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] != b"Z" and int(fields[19]) == started
+    fields = _stat(pid)
+    return fields is not None and fields[0] != b"Z" and int(fields[19]) == started
 
 
 def _children() -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(b")", 1)[1].split()[1])
-        out.setdefault(ppid, []).append(int(name))
+        if name.isdigit() and (fields := _stat(name)) is not None:
+            out.setdefault(int(fields[1]), []).append(int(name))
     return out
 
 
@@ -101,10 +96,9 @@ def kill_tree(targets: Iterable[tuple[int, int]]) -> list[int]:
 class Guard:
     """The driver's side of a watch (:func:`guard`): its write end and the watcher process."""
 
-    def __init__(self, write_fd: int, proc: subprocess.Popen, pids: list[int]):
+    def __init__(self, write_fd: int, proc: subprocess.Popen):
         self._fd: int | None = write_fd
         self.proc = proc
-        self.pids = pids
 
     def release(self, kill: bool = False) -> None:
         """Ends the watch: the guarded processes are left alone (they shut down cleanly), or with ``kill`` killed
@@ -142,7 +136,7 @@ def guard(pids: Iterable[int]) -> Guard | None:
         raise
     finally:
         os.close(read_fd)
-    return Guard(write_fd, proc, [p for p, _ in targets])
+    return Guard(write_fd, proc)
 
 
 def engine_core_pids(llm: object) -> list[int]:
