@@ -26,6 +26,7 @@ try:
     import mcp.shared.exceptions
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
+    from mcp.types import PaginatedRequestParams
 except ImportError as e:  # an optional extra: say which
     raise ImportError(f"MCP envs need the official MCP SDK: pip install 'agentrl[mcp]' ({e})") from e
 
@@ -35,6 +36,7 @@ _RPC_ERROR = getattr(mcp.shared.exceptions, "MCPError", None) or getattr(mcp.sha
 _GROUP = getattr(builtins, "BaseExceptionGroup", ())
 _SPAWN_LOCK = threading.Lock()
 _CONNECTION_CLOSED = -32000  # the SDK's code for requests cut off by a closed connection
+MAX_TOOL_PAGES = 1000
 
 
 def _rpc_code(e: BaseException) -> int | None:
@@ -51,6 +53,9 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict[str, Any]
+    task_only: bool = False
+    """The server runs it only as a task (MCP 2025-11-25 ``execution.taskSupport: "required"``): the SDK's client
+    has no task calls (tasks left the core spec in 2026-07-28), so it can never be called from here."""
 
     def schema(self) -> dict[str, Any]:
         return {"type": "function", "function": {"name": self.name, "description": self.description,
@@ -102,8 +107,7 @@ class MCPConnection:
                     streams = await stack.enter_async_context(self._transport())
                 session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                 await session.initialize()
-                listed = await session.list_tools()
-                ready.set_result([_tool_spec(t) for t in listed.tools])
+                ready.set_result(await _list_all_tools(session, self.label))
                 while True:
                     method, args, fut = await self._requests.get()
                     if method == "close":
@@ -246,9 +250,30 @@ class _two_streams:
         return await self.inner.__aexit__(*exc)
 
 
+async def _list_all_tools(session: Any, label: str) -> list[ToolSpec]:
+    """Every page of tools/list (the SDK returns one page and its ``next_cursor``); a server whose pages go on past
+    :data:`MAX_TOOL_PAGES` or repeat a cursor breaks the protocol."""
+    tools: list[ToolSpec] = []
+    seen: set[str] = set()
+    cursor = None
+    for _ in range(MAX_TOOL_PAGES):
+        listed = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
+        tools += [_tool_spec(t) for t in listed.tools]
+        cursor = listed.next_cursor
+        if not cursor:
+            return tools
+        if cursor in seen:
+            break
+        seen.add(cursor)
+    raise MCPServerError(f"MCP server {label!r}: tools/list pages do not end (a cursor repeated, or more than "
+                         f"{MAX_TOOL_PAGES} pages)")
+
+
 def _tool_spec(tool: Any) -> ToolSpec:
     schema = getattr(tool, "input_schema", None) or getattr(tool, "inputSchema", None) or {"type": "object", "properties": {}}
-    return ToolSpec(name=str(tool.name), description=str(tool.description or ""), parameters=dict(schema))
+    execution = getattr(tool, "execution", None)
+    return ToolSpec(name=str(tool.name), description=str(tool.description or ""), parameters=dict(schema),
+                    task_only=getattr(execution, "task_support", None) == "required")
 
 
 def _result_text(result: Any) -> tuple[bool, str]:

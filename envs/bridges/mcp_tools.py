@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import math
 import os
 import sys
@@ -43,6 +44,8 @@ from agentrl.tools import parse_tool_calls
 DEMO_TASKS = Path(__file__).parent / "data" / "mcp_demo_tasks.jsonl"
 DEMO_SERVER = Path(__file__).parent / "mcp_demo_server.py"  # run as a file: it imports only the mcp SDK
 
+log = logging.getLogger(__name__)
+_WARNED: set[tuple[str, ...]] = set()
 SYSTEM_PROMPT = (
     "Solve the task with the tools. Call a tool as <tool_call>{{\"name\": TOOL, \"arguments\": {{...}}}}</tool_call> "
     "and give the final answer as <answer>...</answer>. Tools: {tools}."
@@ -178,11 +181,20 @@ class MCPToolEnv(Env):
         missing = sorted(set(self.tool_names or ()) - names)
         if missing:
             problem = f"has no tool(s) {missing} (tools: {sorted(names)})"
+        task_only = sorted(t.name for t in listed if t.task_only)
+        named = sorted(set(task_only) & {self.check_tool, *(self.tool_names or ())})
+        if named:
+            problem = f"runs {named} only as a task (taskSupport 'required'), which this MCP client cannot call"
         if problem is not None:  # a server this env cannot use: end it now, not when the env is closed
             label = self.conn.label
             self.close()
             raise MCPServerError(f"MCP server {label!r} {problem}")
-        self.tools = [t for t in listed if t.name != self.check_tool and (self.tool_names is None or t.name in self.tool_names)]
+        self.tools = [t for t in listed if not t.task_only and t.name != self.check_tool
+                      and (self.tool_names is None or t.name in self.tool_names)]
+        if task_only and (self.conn.label, *task_only) not in _WARNED:  # once per server, not per episode
+            _WARNED.add((self.conn.label, *task_only))
+            log.warning("MCP server %r: %s not offered to the model: the server runs them only as tasks "
+                        "(taskSupport 'required'), which this client cannot call", self.conn.label, task_only)
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         return [t.schema() for t in self.tools]

@@ -246,6 +246,45 @@ def test_a_tools_output_is_capped_to_max_output_chars_head_and_tail():
         agentrl.make(MCP, server=FAULT_SERVER, max_output_chars=0)
 
 
+PAGED_SERVER = [sys.executable, str(Path(__file__).parent / "mcp_paged_server.py")]
+
+
+def test_tools_listed_over_several_pages_all_reach_the_model_and_task_only_tools_do_not(tmp_path, caplog):
+    """tools/list is paginated: a client that reads only the first page hides the rest of the server's tools. A tool
+    that the server runs only as a task (MCP 2025-11-25's ``taskSupport: "required"``) can never be called by this
+    client, so it is not offered to the model, and the env says so."""
+    tasks = _write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "What is 4 times 2?", "answer": "8"}])
+    env = agentrl.make(MCP, server=PAGED_SERVER, tasks=tasks)
+    try:
+        with caplog.at_level("WARNING", logger="agentrl.envs.bridges.mcp_tools"):
+            obs, info = env.reset(seed=0)
+        assert [t["function"]["name"] for t in info["tools"]] == ["t0", "t1", "t2", "t3", "t4"]
+        assert "t4 (Returns 4 times x.)" in obs[0]["content"] and "research" not in obs[0]["content"]
+        assert "research" in caplog.text and "task" in caplog.text
+        assert env.step(format_tool_call("t4", {"x": 2}))[0][0]["content"] == "8"
+        out = env.step(format_tool_call("research", {"x": 2}))[0][0]["content"]
+        assert out.startswith("error: unknown tool 'research'")
+        assert env.step("<answer>8</answer>")[1] == 1.0
+    finally:
+        env.close()
+    # naming a task-only tool (as a tool or as the checker) is a server this env cannot use, said at reset
+    for kw in ({"tools": ["t0", "research"]}, {"checker": "mcp:research"}):
+        bad = agentrl.make(MCP, server=PAGED_SERVER, tasks=tasks, **kw)
+        with pytest.raises(MCPServerError, match="research.*only as a task"):
+            bad.reset(seed=0)
+        bad.close()
+    assert not _servers_running("mcp_paged_server")
+
+
+def test_a_server_whose_tool_pages_never_end_fails_reset_with_a_clear_error(tmp_path):
+    tasks = _write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "p", "answer": "8"}])
+    env = agentrl.make(MCP, server=[*PAGED_SERVER, "--endless"], tasks=tasks, start_timeout_s=60)
+    with pytest.raises(MCPServerError, match="tools/list.*pages"):
+        env.reset(seed=0)
+    env.close()
+    assert not _servers_running("mcp_paged_server")
+
+
 def test_a_garbage_or_missing_server_fails_reset_with_a_clear_error():
     garbage = [sys.executable, "-c", "print('not json-rpc'); import time; time.sleep(120)  # agentrl-garbage-server"]
     env = agentrl.make(MCP, server=garbage, start_timeout_s=2)
