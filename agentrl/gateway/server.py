@@ -7,6 +7,8 @@ Routes (each also under ``/s/<session>/``, so a client whose only setting is a b
     POST /v1/completions               prompt (text or token ids) -> choices
     POST /v1/messages                  Anthropic Messages, on the chat path (:mod:`~agentrl.gateway.anthropic`)
     POST /v1/responses                 OpenAI Responses, on the chat path (:mod:`~agentrl.gateway.responses_api`)
+    POST /v1beta/models/<model>:generateContent (and :streamGenerateContent?alt=sse; also under /v1/models/)
+                                       Google's Gemini, on the chat path (:mod:`~agentrl.gateway.gemini`)
     GET  /v1/sessions                  live sessions and their counters
     GET  /v1/sessions/<id>             one session's counters (and segment sizes)
     POST /v1/sessions/<id>/end         {"reward": R, "info": {...}} -> the trajectory's summary (the whole
@@ -49,7 +51,8 @@ from typing import Any, Callable
 from aiohttp import web
 
 from agentrl.chat import ChatRenderer
-from agentrl.gateway.anthropic import error_body, message_body, parse_messages_request
+from agentrl.gateway import gemini
+from agentrl.gateway.anthropic import error_body
 from agentrl.gateway.choices import Completion
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.guard import HostCheck, app_runner, cross_site_problem, default_hosts, origin_allowed
@@ -57,14 +60,14 @@ from agentrl.gateway.keys import Keys
 from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, bad, parse_chat, parse_completion, \
     parse_json
 from agentrl.gateway.live import LiveRequest
-from agentrl.gateway.responses_api import ResponseLog, new_response_id, parse_responses_request, response_body, \
-    response_skeleton
+from agentrl.gateway.responses_api import ResponseLog
 from agentrl.gateway.responses import chat_body, completion_body
+from agentrl.gateway.dialect_routes import DialectRoutes
 from agentrl.gateway.session_api import SessionRoutes
 from agentrl.gateway.sessions import Session
 from agentrl.gateway.store import SessionStore
 from agentrl.gateway.streaming import Writer, stream_live
-from agentrl.gateway.writers import MessagesWriter, OpenAIWriter, ResponsesWriter
+from agentrl.gateway.writers import OpenAIWriter
 from agentrl.inference.base import InferenceEngine
 from agentrl.trajectory import Trajectory
 
@@ -78,14 +81,21 @@ PREFLIGHT_HEADERS = {"Access-Control-Allow-Methods": "GET, POST",
 
 
 def _error_response(e: APIError, request: web.Request | None = None) -> web.Response:
-    """OpenAI's error body, or Anthropic's on ``/v1/messages``."""
-    anthropic = request is not None and request.path.endswith("/v1/messages")
-    return web.json_response(error_body(e) if anthropic else e.body(), status=e.status)
+    """OpenAI's error body, Anthropic's on ``/v1/messages``, Google's on Gemini's ``models/<model>:<method>``."""
+    path = request.path if request is not None else ""
+    if path.endswith("/v1/messages"):
+        return web.json_response(error_body(e), status=e.status)
+    if _GEMINI_PATH.search(path):
+        return web.json_response(gemini.error_body(e), status=e.status)
+    return web.json_response(e.body(), status=e.status)
 
 
-class Gateway(SessionRoutes):
-    """An OpenAI-compatible server (and Anthropic Messages, OpenAI Responses) in front of ``engine`` that records
-    every token per session.
+_GEMINI_PATH = re.compile(r"/models/[^/]+:[A-Za-z]+$")
+
+
+class Gateway(SessionRoutes, DialectRoutes):
+    """An OpenAI-compatible server (and Anthropic Messages, OpenAI Responses, Gemini) in front of ``engine`` that
+    records every token per session.
 
     ``renderer``: the model's :class:`ChatRenderer` (built from ``tokenizer`` and ``cfg.chat`` when not given).
     Use ``async with Gateway(...) as gw`` (or :meth:`start` / :meth:`stop`); :attr:`url` is the base URL
@@ -124,6 +134,8 @@ class Gateway(SessionRoutes):
             app.router.add_post(prefix + "/v1/completions", self.completions)
             app.router.add_post(prefix + "/v1/messages", self.messages)
             app.router.add_post(prefix + "/v1/responses", self.responses)
+            for version in ("/v1beta", "/v1"):
+                app.router.add_post(prefix + version + "/models/{target}", self.gemini)
         app.router.add_get("/v1/sessions", self.list_sessions)
         app.router.add_get("/v1/sessions/{id}", self.get_session)
         app.router.add_post("/v1/sessions/{id}/end", self.end_session)
@@ -263,8 +275,11 @@ class Gateway(SessionRoutes):
     def _auth(self, request: web.Request) -> tuple[str | None, str | None]:
         """``(session the key names or None, issued-key session or None)``; 401 for a bad key (see
         :mod:`agentrl.gateway.keys`)."""
-        h = request.headers  # Anthropic's clients send x-api-key, Azure-style ones api-key
-        return self._keys.check(h.get("Authorization", ""), h.get("x-api-key") or h.get("api-key", ""))
+        # Anthropic's clients send x-api-key, Azure-style ones api-key, Google's x-goog-api-key (or ?key= on its paths)
+        h = request.headers
+        key = h.get("x-api-key") or h.get("api-key") or h.get("x-goog-api-key") or \
+            (request.query.get("key", "") if _GEMINI_PATH.search(request.path) else "")
+        return self._keys.check(h.get("Authorization", ""), key)
 
     def _session(self, request: web.Request) -> Session:
         key_sid, issued = self._auth(request)
@@ -328,27 +343,6 @@ class Gateway(SessionRoutes):
             req.sampling.max_tokens = cap
             return [f"max_tokens {asked} clamped to this gateway's limit of {cap}"]
         return []
-
-    async def messages(self, request: web.Request) -> web.StreamResponse:
-        """Anthropic's Messages (:mod:`agentrl.gateway.anthropic`), served by the same session path as chat."""
-        self._auth(request)
-        req, notes = parse_messages_request(await self._body(request), self.store.max_tokens)
-        return await self._serve(request, req, lambda: MessagesWriter(req.model), lambda d: message_body(d, req.model),
-                                 notes)
-
-    async def responses(self, request: web.Request) -> web.StreamResponse:
-        """OpenAI's Responses (:mod:`agentrl.gateway.responses_api`), served by the same session path as chat."""
-        self._auth(request)
-        raw = await self._body(request)
-        req, notes, owner = parse_responses_request(raw, self.store.max_tokens, self.response_log)
-        rid = new_response_id()
-
-        def body(done: Completion) -> dict[str, Any]:
-            self.response_log.remember(rid, done, req.messages)
-            return response_body(done, req, rid, raw.get("previous_response_id"))
-
-        skeleton = response_skeleton(req, rid, raw.get("previous_response_id"))
-        return await self._serve(request, req, lambda: ResponsesWriter(skeleton, body, rid), body, notes, owner=owner)
 
     async def _serve(self, request: web.Request, req: ChatRequest | CompletionRequest,
                      writer: Callable[[], Writer], body: Callable[[Completion], dict[str, Any]],

@@ -15,6 +15,8 @@ frames to send.
 - OpenAI Responses: ``response.created``, ``response.in_progress``; a reasoning item (summary text deltas) and a
   message item (``output_text.delta``) opened on their first delta; a ``function_call`` item per call (arguments
   delta); ``response.completed`` (or ``.incomplete``) with the whole Response.
+- Gemini: a ``GenerateContentResponse`` chunk per delta (reasoning as ``thought`` parts), then one with the
+  ``functionCall`` parts, ``finishReason`` and ``usageMetadata``.
 
 Whitespace-only reasoning opens no thinking block or reasoning item (the whole replies have none for it either), so
 the streamed blocks and items are the whole reply's, in its order.
@@ -27,6 +29,8 @@ from typing import Any, Callable
 
 from agentrl.gateway.anthropic import PING, error_event, event, message_body
 from agentrl.gateway.choices import Completion
+from agentrl.gateway.gemini import call_parts, finish_reason, usage_metadata
+from agentrl.gateway.gemini import error_body as gemini_error
 from agentrl.gateway.protocol import APIError, new_id, now, sse, usage
 
 
@@ -255,3 +259,37 @@ class ResponsesWriter:
             self.b.count += 1
         kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
         return out + [self._emit(kind, response=body)]
+
+
+class GeminiWriter:
+    """Gemini's ``streamGenerateContent?alt=sse`` chunks (one choice): a chunk per reasoning (``thought``) or text
+    delta, then one with the function calls, ``finishReason`` and ``usageMetadata``."""
+
+    keepalive = b": keep-alive\n\n"
+
+    def __init__(self, model: str):
+        self.model, self.id, self.b = model, new_id("gemini"), _Blocks()
+
+    def _chunk(self, parts: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0, **extra}],
+                "modelVersion": self.model, "responseId": self.id}
+
+    def error(self, e: APIError) -> bytes:
+        return sse(gemini_error(e))
+
+    def start(self, prompt_tokens: int) -> list[bytes]:
+        return []
+
+    def delta(self, i: int, kind: str, text: str) -> list[bytes]:
+        text = self.b.text_for(kind, text)
+        if not text:
+            return []
+        self.b.seen.add(kind)
+        return [sse(self._chunk([{"text": text, "thought": True} if kind == "reasoning" else {"text": text}]))]
+
+    def finish(self, done: Completion) -> list[bytes]:
+        c = done.choices[0]
+        parts = call_parts(c)
+        if not parts and "content" not in self.b.seen:
+            parts = [{"text": ""}]  # the whole reply's (empty) text part
+        return [sse({**self._chunk(parts, finishReason=finish_reason(c)), "usageMetadata": usage_metadata(done)})]

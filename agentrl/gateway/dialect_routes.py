@@ -1,0 +1,67 @@
+"""The gateway's other model-facing dialects, each parsed into the internal chat request and served by the same
+session path as chat completions (``Gateway._serve``)::
+
+    POST /v1/messages                  Anthropic Messages (:mod:`~agentrl.gateway.anthropic`)
+    POST /v1/responses                 OpenAI Responses (:mod:`~agentrl.gateway.responses_api`)
+    POST /v1beta/models/<model>:generateContent, :streamGenerateContent?alt=sse (also /v1/models/...)
+                                       Google's Gemini (:mod:`~agentrl.gateway.gemini`)
+
+A mixin of :class:`agentrl.gateway.server.Gateway` (which supplies ``_auth``, ``_body``, ``_serve``, ``store`` and
+``response_log``): a handler only translates; sessions, streaming, limits and errors are the server's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from agentrl.gateway import gemini
+from agentrl.gateway.anthropic import message_body, parse_messages_request
+from agentrl.gateway.choices import Completion
+from agentrl.gateway.protocol import APIError, bad, new_id
+from agentrl.gateway.responses_api import new_response_id, parse_responses_request, response_body, response_skeleton
+from agentrl.gateway.writers import GeminiWriter, MessagesWriter, ResponsesWriter
+
+
+class DialectRoutes:
+    store: Any
+    response_log: Any
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages (:mod:`agentrl.gateway.anthropic`), served by the same session path as chat."""
+        self._auth(request)
+        req, notes = parse_messages_request(await self._body(request), self.store.max_tokens)
+        return await self._serve(request, req, lambda: MessagesWriter(req.model), lambda d: message_body(d, req.model),
+                                 notes)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's Responses (:mod:`agentrl.gateway.responses_api`), served by the same session path as chat."""
+        self._auth(request)
+        raw = await self._body(request)
+        req, notes, owner = parse_responses_request(raw, self.store.max_tokens, self.response_log)
+        rid = new_response_id()
+
+        def body(done: Completion) -> dict[str, Any]:
+            self.response_log.remember(rid, done, req.messages)
+            return response_body(done, req, rid, raw.get("previous_response_id"))
+
+        skeleton = response_skeleton(req, rid, raw.get("previous_response_id"))
+        return await self._serve(request, req, lambda: ResponsesWriter(skeleton, body, rid), body, notes, owner=owner)
+
+    async def gemini(self, request: web.Request) -> web.StreamResponse:
+        """Google's Gemini ``generateContent`` / ``streamGenerateContent`` (:mod:`agentrl.gateway.gemini`), served by
+        the same session path as chat."""
+        self._auth(request)
+        model, _, method = request.match_info["target"].rpartition(":")
+        if method not in gemini.METHODS:
+            raise APIError(404, f"POST {request.path}: models/<model>:{method} is not served here (only "
+                                f"{' and '.join(gemini.METHODS)})", code="not_found")
+        stream = method == "streamGenerateContent"
+        if stream and request.query.get("alt") != "sse":
+            raise bad("alt", "streamGenerateContent is served as server-sent events only: add ?alt=sse")
+        req, notes = gemini.parse_gemini_request(await self._body(request), model.removeprefix("models/"), stream,
+                                                 self.store.max_tokens)
+        rid = new_id("gemini")
+        return await self._serve(request, req, lambda: GeminiWriter(req.model),
+                                 lambda d: gemini.gemini_body(d, req.model, rid), notes)
