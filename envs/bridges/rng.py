@@ -8,7 +8,7 @@ generators back.
 Invariants:
 
 - One lock for every bridge in the process: a call of one library never runs while another's generators are in
-  place, whichever bridge made either call.
+  place, whichever bridge made either call. A call given a bound cannot keep it longer (:mod:`.deadline`).
 - Exact: the process's generators, and an owner's, come back bit for bit, including the cached second normal of
   ``random.gauss`` and of numpy's legacy ``RandomState`` (``has_gauss``).
 - Cheap: ``random.getstate`` / ``numpy.random.get_state`` build a 625-number tuple (~10 µs and ~40 µs here) and a
@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
+
+from agentrl.envs.bridges.deadline import bounded
 
 T = TypeVar("T")
 LOCK = threading.RLock()
@@ -112,28 +114,32 @@ def seed_globals(seed: int) -> None:
 
 
 @contextmanager
-def seeded(seed: int) -> Iterator[None]:
+def seeded(seed: int, bound_s: float | None = None, what: str = "a library call") -> Iterator[None]:
     """Holds :data:`LOCK` with both generators seeded with ``seed`` (:func:`seed_globals`); the process's states
-    are back in place on exit."""
+    are back in place on exit. ``bound_s``: the body is interrupted past it, as in :func:`with_states`."""
     with LOCK:
         saved = RNGStates.current()
         seed_globals(seed)
         try:
-            yield
+            with bounded(bound_s, what):
+                yield
         finally:
             saved.put_over(RNGStates.current())
 
 
-def with_states(states: RNGStates | None, fn: Callable[[], T]) -> tuple[T, RNGStates]:
+def with_states(states: RNGStates | None, fn: Callable[[], T], bound_s: float | None = None,
+                what: str = "a library call") -> tuple[T, RNGStates]:
     """Runs ``fn`` with ``states`` in place of the process's generators (None: the process's own, for a first call
     that seeds them itself) under :data:`LOCK`; returns ``fn``'s result and the states it left. The process's states
-    are back in place afterwards, also when ``fn`` raises."""
+    are back in place afterwards, also when ``fn`` raises. ``bound_s``: ``fn`` is interrupted past it with
+    :class:`~.deadline.LibraryTimeout` naming ``what``, so that no endless call keeps the lock."""
     with LOCK:
         saved = RNGStates.current()
         try:
             if states is not None:
                 states.put_over(saved)
-            result = fn()
+            with bounded(bound_s, what):
+                result = fn()
         finally:
             left = RNGStates.current()
             saved.put_over(left)

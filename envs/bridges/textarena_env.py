@@ -15,6 +15,10 @@ Invariants:
   episodes on threads neither interleave their draws nor move anyone else's generator, and a seed gives the same
   game everywhere.
 - A game for several players fails at ``reset`` with an error that says so.
+- Every call into the game is bounded (kwarg ``call_timeout_s``, default 60 s; :mod:`.deadline`): a game that loops
+  forever (MarketEntryGame, a game for several players that accepts one, spins once its player is out) fails its
+  episode with :class:`~.deadline.LibraryTimeout` instead of holding the bridges' lock, and every other bridged env,
+  for good.
 - ``oracle_policy()`` plays a game's scripted solver where this module has one (FrozenLake: a shortest hole-free path
   on the last board shown), for the warm start and ``agentrl eval``; other games have none.
 - ``task_key(seed)`` (also ``info["task_key"]`` of ``reset``) is ``textarena/<game>:<sha256 of the opening and the game's state>`` (the state
@@ -28,6 +32,7 @@ import json
 from typing import Any, Callable, TypeVar
 
 from agentrl.core import Env, Message, StepResult
+from agentrl.envs.bridges.deadline import LibraryTimeout
 from agentrl.envs.bridges.rng import RNGStates, seed_globals, with_states
 from agentrl.envs.frozenlake import shortest_path
 
@@ -73,13 +78,17 @@ class TextArenaEnv(Env):
 
     description = "TextArena single-player game, played unchanged"
 
-    def __init__(self, game: str, **game_kwargs: Any):
+    def __init__(self, game: str, call_timeout_s: float = 60.0, **game_kwargs: Any):
         super().__init__()
+        if not isinstance(call_timeout_s, (int, float)) or isinstance(call_timeout_s, bool) or call_timeout_s <= 0:
+            raise ValueError(f"TextArenaEnv: call_timeout_s must be a positive number of seconds, "
+                             f"got {call_timeout_s!r}")
         if game not in ENV_REGISTRY:
             raise ValueError(f"TextArenaEnv: unknown game {game!r} (see textarena's ENV_REGISTRY)")
         self.game_id = game
         self.make_id = game + "-raw" if game + "-raw" in ENV_REGISTRY else game
         self.game_kwargs = game_kwargs
+        self.call_timeout_s = float(call_timeout_s)
         self.game: Any = None
         self.current_key = ""
         self._rng: RNGStates | None = None  # None until the first reset seeds the game
@@ -87,7 +96,11 @@ class TextArenaEnv(Env):
 
     def _call(self, fn: Callable[[], T]) -> T:
         """Runs ``fn`` with this env's states of ``random`` and ``numpy.random`` in place (:mod:`.rng`)."""
-        result, self._rng = with_states(self._rng, fn)
+        try:
+            result, self._rng = with_states(self._rng, fn, self.call_timeout_s, f"TextArena game {self.game_id!r}")
+        except LibraryTimeout:
+            self.game, self.done = None, True  # interrupted mid-call: the game's state is lost
+            raise
         return result
 
     def _text(self) -> str:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import random
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
 
 import agentrl
 from agentrl.cli import main
+from agentrl.envs.bridges.deadline import LibraryTimeout
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 from agentrl.policy import ScriptedPolicy
 
@@ -109,6 +111,25 @@ def test_games_that_cannot_run_say_why():
         agentrl.make("textarena/ConnectFour-v0").reset(seed=0)
     with pytest.raises(agentrl.RegistrationError, match="did you mean 'textarena/GuessTheNumber-v0'"):
         agentrl.make("textarena/GuessTheNumbr-v0")
+
+
+def test_a_game_that_loops_forever_fails_its_episode_and_leaves_the_others_running():
+    """MarketEntryGame is for several players but accepts one; once that player is out, TextArena's turn rotation
+    spins forever looking for a player still in (textarena/state.py). Bounded, the call ends with an error and the
+    bridges' lock is free for every other game in the process."""
+    env = agentrl.make("textarena/MarketEntryGame-v0", call_timeout_s=2)
+    env.reset(seed=0)
+    t0 = time.monotonic()
+    with pytest.raises(LibraryTimeout, match="TextArena game 'MarketEntryGame-v0' did not return within 2 s"):
+        for _ in range(40):
+            env.step("[enter]")
+    assert time.monotonic() - t0 < 60
+    assert env.step("[enter]")[2] is True  # the interrupted game is over; reset() starts a new one
+    other = agentrl.make(GUESS)  # the lock is free: another game plays on
+    other.reset(seed=1)
+    assert other.step("[10]")[0][0]["content"]
+    with pytest.raises(ValueError, match="call_timeout_s must be a positive number"):
+        agentrl.make(GUESS, call_timeout_s=0)
 
 
 def test_envs_check_on_single_player_games(capsys):

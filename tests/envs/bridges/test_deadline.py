@@ -1,0 +1,59 @@
+"""The time bound on in-process library calls (:mod:`agentrl.envs.bridges.deadline`): an endless Python loop is
+interrupted, also one that swallows ``Exception``, the bridges' lock is free afterwards, and a call that ends in
+time is never interrupted later."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from agentrl.envs.bridges import rng
+from agentrl.envs.bridges.deadline import LibraryTimeout, bounded
+
+
+def _spin_forever() -> None:
+    while True:
+        try:
+            sum(range(100))
+        except Exception:  # a library that swallows errors in its loop
+            pass
+
+
+def test_an_endless_loop_is_interrupted_and_frees_the_lock():
+    before = random.getstate()
+    t0 = time.monotonic()
+    with pytest.raises(LibraryTimeout, match=r"the spinner did not return within 0.2 s"):
+        rng.with_states(rng.RNGStates.seeded(1), _spin_forever, 0.2, "the spinner")
+    assert time.monotonic() - t0 < 30
+    assert random.getstate() == before  # the process's generators are back
+    took = []
+
+    def take() -> None:
+        took.append(rng.LOCK.acquire(timeout=10))
+        if took[-1]:
+            rng.LOCK.release()
+
+    other = threading.Thread(target=take)
+    other.start()
+    other.join()
+    assert took == [True]  # another thread gets the lock: the stuck call no longer holds it
+
+
+def test_a_call_that_ends_in_time_is_never_interrupted_afterwards():
+    for _ in range(50):  # deadlines that pass while the call returns or right after it
+        with bounded(0.001, "quick"):
+            sum(range(2000))
+        t_end = time.monotonic() + 0.01
+        while time.monotonic() < t_end:  # Python bytecodes, where a stray interrupt would land
+            pass
+    with bounded(None, "unbounded"):
+        pass
+
+
+def test_other_errors_pass_through_unchanged():
+    with pytest.raises(KeyError):
+        with bounded(5, "raises"):
+            raise KeyError("k")
