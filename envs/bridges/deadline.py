@@ -54,22 +54,22 @@ def bounded(seconds: float | None, what: str) -> Iterator[None]:
             wait = REPEAT_S
 
     watchdog = threading.Thread(target=watch, name="agentrl-deadline", daemon=True)
-    watchdog.start()
     interrupted = False
     try:
         try:
+            watchdog.start()  # inside: a bound shorter than the thread's start can fire while start() waits
             yield
         finally:
-            stop.set()
             while True:  # an interrupt landing here is consumed and the withdrawal retried
                 try:
-                    with guard:
+                    with guard:  # once done is set under the guard, the watchdog raises nothing more
                         state["done"] = True
                         if state["fired"]:
                             _raise_in(tid, None)  # withdraw one not raised yet
                     break
                 except _Interrupt:
                     continue
+            stop.set()
     except _Interrupt:
         interrupted = True
     if interrupted:

@@ -13,6 +13,10 @@ Invariants:
   (``pool_matrix``). Every call into the library (building a dataset, making an entry, scoring) therefore holds the
   bridges' one lock (:mod:`.rng`), with both global generators seeded from the entry's identity and restored
   afterwards: such entries stay reproducible, and no other code on another thread sees the global RNG state move.
+- The model's answer never reaches a scorer that evaluates it as code (``eval``, sympy's ``parse_expr``: found in
+  the scorer's source) unless it is a plain expression (:mod:`.safe_answer`) or the entry's own answer: otherwise it
+  scores 0 and ``info["score_error"]`` says why. Scoring is bounded (``call_timeout_s``, 60 s; :mod:`.deadline`):
+  a scorer stuck on an answer scores it 0 instead of holding the lock.
 - ``task_key(seed)`` (the env contract's content identity, also ``info["task_key"]`` of ``reset``) is
   ``reasoning_gym/<dataset>:<sha256 of the question>``, so held-out evaluation excludes by content whatever seeds
   made it (seeds ``s`` and ``s + size`` draw one entry and share it).
@@ -24,7 +28,9 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import inspect
 import json
+import re
 import typing
 from typing import Any, ContextManager
 
@@ -32,6 +38,7 @@ import numpy as np
 
 from agentrl.core import Env, Message, StepResult
 from agentrl.envs.bridges.rng import LOCK, seeded
+from agentrl.envs.bridges.safe_answer import refusal
 
 try:
     import reasoning_gym
@@ -48,10 +55,37 @@ def dataset_names() -> list[str]:
     return sorted(DATASETS)
 
 
-def global_rng(*key: Any) -> ContextManager[None]:
+def global_rng(*key: Any, bound_s: float | None = None) -> ContextManager[None]:
     """Holds the bridges' one lock with ``random`` and ``numpy.random`` seeded from ``key``; puts the process's
-    states back on exit (:mod:`.rng`)."""
-    return seeded(int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little"))
+    states back on exit (:mod:`.rng`). ``bound_s``: the body is interrupted past it (:mod:`.deadline`)."""
+    return seeded(int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little"), bound_s,
+                  f"reasoning-gym {key[0]}")
+
+
+_EVALUATES = re.compile(r"(?<![\w.])(?:eval|exec)\(|(?:parse_expr|sympify)\(")
+
+
+@functools.lru_cache(maxsize=None)
+def scorer_evaluates(name: str) -> bool:
+    """Whether dataset ``name``'s ``score_answer`` runs its input as code (read from its source; a scorer whose
+    source cannot be read counts as one that does)."""
+    try:
+        return bool(_EVALUATES.search(inspect.getsource(DATASETS[name][0].score_answer)))
+    except (KeyError, TypeError, OSError):
+        return True
+
+
+def answer_refusal(name: str, answer: str, entry: dict[str, Any]) -> str | None:
+    """Why ``answer`` must not reach dataset ``name``'s scorer, or None (see the module docstring). A composite
+    dataset's entry is judged by the dataset it came from."""
+    source = (entry.get("metadata") or {}).get("source_dataset", name)
+    if not scorer_evaluates(source):
+        return None
+    known = [entry.get("answer"), *((entry.get("metadata") or {}).get("valid_answers") or [])]
+    if answer.strip() in {str(k).strip() for k in known if k is not None}:
+        return None
+    why = refusal(answer)
+    return None if why is None else f"answer refused: {why} (the {source} scorer evaluates answers as code)"
 
 
 def _config_fields(name: str) -> dict[str, dataclasses.Field]:
@@ -121,8 +155,12 @@ class ReasoningGymEnv(Env):
     description = "reasoning-gym dataset: one procedurally generated question, scored by reasoning-gym"
 
     def __init__(self, dataset: str, size: int | None = None, dataset_seed: int = 0, system_prompt: str = "default",
-                 **config: Any):
+                 call_timeout_s: float = 60.0, **config: Any):
         super().__init__()
+        if not isinstance(call_timeout_s, (int, float)) or isinstance(call_timeout_s, bool) or call_timeout_s <= 0:
+            raise ValueError(f"ReasoningGymEnv: call_timeout_s must be a positive number of seconds, "
+                             f"got {call_timeout_s!r}")
+        self.call_timeout_s = float(call_timeout_s)
         if dataset not in DATASETS:
             raise ValueError(f"ReasoningGymEnv: unknown dataset {dataset!r} (see reasoning_gym.factory.DATASETS)")
         fields = _config_fields(dataset)
@@ -130,7 +168,7 @@ class ReasoningGymEnv(Env):
         if bad:
             valid = sorted(k for k in fields if k not in ("seed", "size"))
             raise ValueError(f"ReasoningGymEnv({dataset}): unknown config field(s) {bad}; valid: {valid} "
-                             "(and size, dataset_seed, system_prompt)")
+                             "(and size, dataset_seed, system_prompt, call_timeout_s)")
         if system_prompt != "none" and system_prompt not in SYSTEM_PROMPTS:
             raise ValueError(f"ReasoningGymEnv: system_prompt must be 'none' or one of {sorted(SYSTEM_PROMPTS)}, "
                              f"got {system_prompt!r}")
@@ -182,11 +220,15 @@ class ReasoningGymEnv(Env):
         entry, self.entry = self.entry, None
         answer = extract_answer(str(action))
         info: dict[str, Any] = {"task_key": self.current_key, "invalid_action": answer is None}
-        try:
-            with global_rng(self.name, self.config.get("seed"), self.index, "score"):
-                reward = float(self.dataset.score_answer(answer, entry))
-        except Exception as e:  # the scorer choking on the model's text is the model's failure, not the env's
-            reward, info["score_error"] = 0.0, f"{type(e).__name__}: {e}"
+        refused = answer_refusal(self.name, answer, entry) if answer is not None else None
+        if refused is not None:
+            reward, info["score_error"] = 0.0, refused
+        else:
+            try:
+                with global_rng(self.name, self.config.get("seed"), self.index, "score", bound_s=self.call_timeout_s):
+                    reward = float(self.dataset.score_answer(answer, entry))
+            except Exception as e:  # the scorer choking on the model's text is the model's failure, not the env's
+                reward, info["score_error"] = 0.0, f"{type(e).__name__}: {e}"
         if not np.isfinite(reward):
             reward, info["score_error"] = 0.0, f"score_answer returned {reward!r}"
         info["correct"] = reward >= 1.0

@@ -43,12 +43,21 @@ def test_an_endless_loop_is_interrupted_and_frees_the_lock():
 
 
 def test_a_call_that_ends_in_time_is_never_interrupted_afterwards():
-    for _ in range(50):  # deadlines that pass while the call returns or right after it
-        with bounded(0.001, "quick"):
-            sum(range(2000))
-        t_end = time.monotonic() + 0.01
-        while time.monotonic() < t_end:  # Python bytecodes, where a stray interrupt would land
+    """Bounds so short that they pass while the watchdog starts, while the body runs or as it returns: each call
+    either ends with LibraryTimeout inside ``bounded`` or not at all; no interrupt lands after it (the loop after
+    each call runs Python bytecodes, where a stray one would)."""
+    ended = timed_out = 0
+    for k in range(300):
+        try:
+            with bounded(0.0005 * (1 + k % 8), "quick"):
+                sum(range(3000))
+            ended += 1
+        except LibraryTimeout:
+            timed_out += 1
+        t_end = time.monotonic() + 0.005
+        while time.monotonic() < t_end:
             pass
+    assert ended + timed_out == 300 and ended > 0
     with bounded(None, "unbounded"):
         pass
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import agentrl
 from agentrl import registration
 from agentrl.cli import main
 from agentrl.commands.envs import parse_env_kwargs
+from agentrl.envs.bridges.reasoninggym import dataset_names, scorer_evaluates
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 
 import reasoning_gym  # noqa: E402  the reasoning-gym extra (setup.sh installs it)
@@ -172,3 +174,49 @@ def test_enum_fields_take_their_values_as_strings_and_name_the_choices_when_wron
     assert env.step(f"<answer>{env.unwrapped.entry['answer']}</answer>")[1] == 1.0
     with pytest.raises(ValueError, match=r"task_types.*'cousins'.*siblings"):
         agentrl.make("reasoning_gym/aiw", task_types=["cousins"])
+
+
+# Scorers that run the model's answer as code: eval (binary_matrix, ...) or sympy's parse_expr (countdown, ...).
+EVALUATING = {"binary_matrix", "countdown", "intermediate_integration", "n_queens", "polynomial_multiplication",
+              "puzzle24", "simple_integration", "spiral_matrix", "string_insertion"}
+
+
+def test_scorers_that_evaluate_answers_are_found_from_their_source():
+    assert EVALUATING <= {n for n in dataset_names() if scorer_evaluates(n)}
+    assert not scorer_evaluates("leg_counting")
+
+
+@pytest.mark.parametrize("name", ["binary_matrix", "countdown", "spiral_matrix"])
+def test_an_answer_that_is_code_is_never_run(tmp_path, name):
+    """Without the check, binary_matrix's eval and countdown's parse_expr run this answer in the trainer's process."""
+    marker = tmp_path / "pwned"
+    env = agentrl.make(f"reasoning_gym/{name}")
+    env.reset(seed=0)
+    _, reward, done, _, info = env.step(f"<answer>__import__('pathlib').Path({str(marker)!r}).write_text('x')</answer>")
+    assert not marker.exists()
+    assert reward == 0.0 and done and info["score_error"].startswith("answer refused: a call of 'Attribute'")
+
+
+def test_an_answer_that_would_stall_the_scorer_is_refused_at_once():
+    """sympy turned 1e999999 into a Float and took 326 s over it, holding the bridges' lock all along."""
+    env = agentrl.make("reasoning_gym/countdown")
+    for answer in ("1e999999", "9**9**9**9**9", "factorial(10**8)"):
+        env.reset(seed=0)
+        t0 = time.monotonic()
+        _, reward, *_, info = env.step(f"<answer>{answer}</answer>")
+        assert reward == 0.0 and "refused" in info["score_error"] and time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("name", sorted(EVALUATING))
+def test_gold_answers_and_plain_expressions_still_score(name):
+    env = agentrl.make(f"reasoning_gym/{name}")
+    oracle = env.unwrapped
+    for seed in range(12):
+        env.reset(seed=seed)
+        _, reward, *_, info = env.step(oracle.solve([]))
+        assert reward == 1.0, (seed, info.get("score_error"))
+    if name == "binary_matrix":  # the scorer's own partial credit for a Python list of lists still reaches it
+        env.reset(seed=0)
+        rows = oracle.entry_at(0)["answer"].splitlines()
+        listed = repr([[int(v) for v in r.split()] for r in rows])
+        assert env.step(f"<answer>{listed}</answer>")[1] == 0.1
