@@ -1,6 +1,7 @@
 """Unmodified harness CLIs from the npm registry against the gateway, on the real vLLM engine with the tiny model's
 64k-position variant (their prompts are 14k-34k tokens): Qwen Code (chat completions), Codex CLI (``codex exec``,
-Responses) and Claude Code (``claude -p``, Messages), each given a small task in its own temporary working directory.
+Responses), Claude Code (``claude -p``, Messages) and Gemini CLI (``gemini -p``, Gemini's ``streamGenerateContent``),
+each given a small task in its own temporary working directory.
 
 Each CLI runs in a bubblewrap sandbox (its own user, pid and network namespaces, a non-root uid, read-only system
 and CLI directories, the working directory and a fresh home writable) whose only network is loopback: a forwarder
@@ -65,7 +66,7 @@ CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 def _missing() -> str | None:
     if shutil.which("bwrap") is None:
         return "bwrap is not installed (.ci/sandbox-setup.sh installs it)"
-    bins = [NODE] + [ROOT / c / "node_modules" / ".bin" / c for c in ("qwen", "codex", "claude")] + [ROOT / "env.sh"]
+    bins = [NODE] + [ROOT / c / "node_modules" / ".bin" / c for c in CLIS] + [ROOT / "env.sh"]
     gone = [str(b) for b in bins if not b.exists()]
     return f"harness CLIs not installed ({', '.join(gone)}); run {SETUP}" if gone else None
 
@@ -128,7 +129,7 @@ class LoggedGateway(Gateway):
             if request.method == "POST":
                 try:  # read once here; aiohttp keeps the body for the handler
                     body = json.loads(await request.read())
-                    entry["stream"] = bool(body.get("stream"))
+                    entry["stream"] = bool(body.get("stream")) or request.path.endswith(":streamGenerateContent")
                     entry["model"], entry["messages"] = body.get("model"), body.get("messages")
                     entry["tools"] = [t.get("name") or t.get("function", {}).get("name") for t in body.get("tools", [])]
                 except (ValueError, AttributeError):
@@ -212,6 +213,15 @@ def _claude(base: str, home: Path) -> tuple[list[str], dict[str, str]]:
             {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": KEY, "ANTHROPIC_SMALL_FAST_MODEL": "tiny"})
 
 
+def _gemini(base: str, home: Path) -> tuple[list[str], dict[str, str]]:
+    (home / ".gemini").mkdir()
+    (home / ".gemini" / "settings.json").write_text(json.dumps({  # API-key auth, no calls home, no update checks
+        "security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False}, "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}))
+    return (["gemini", "-p", TASK, "--model", "tiny", "--approval-mode", "yolo", "--output-format", "json"],
+            {"GEMINI_API_KEY": KEY, "GOOGLE_GEMINI_BASE_URL": base, "GEMINI_CLI_TRUST_WORKSPACE": "true"})
+
+
 def _qwen_text(out: str, capped: bool) -> str:
     result = [e for e in json.loads(out) if e.get("type") == "result"]
     assert result and not result[-1]["is_error"], out[-2000:]
@@ -229,6 +239,12 @@ def _codex_text(out: str, capped: bool) -> str:
             if e["type"] == "item.completed" and e["item"].get("type") == "agent_message"]
     assert msgs, out[-2000:]
     return msgs[-1]
+
+
+def _gemini_text(out: str, capped: bool) -> str:
+    res = json.loads(out)
+    assert "error" not in res, out[-2000:]
+    return res["response"]
 
 
 def _claude_text(out: str, capped: bool) -> str:
@@ -251,6 +267,7 @@ CLIS = {  # name: (dialect path, write config -> argv and env, parse the CLI's o
     "qwen": ("/v1/chat/completions", _qwen, _qwen_text),
     "codex": ("/v1/responses", _codex, _codex_text),
     "claude": ("/v1/messages", _claude, _claude_text),
+    "gemini": ("/v1beta/models/tiny:streamGenerateContent", _gemini, _gemini_text),
 }
 
 
@@ -373,6 +390,7 @@ TOOL_CALLS = {  # each CLI's own file-writing tool (names and arguments as its r
     "qwen": ("write_file", {"file_path": f"{SANDBOX_WORK}/hello.txt", "content": "hi"}),
     "codex": ("exec_command", {"cmd": "printf hi > hello.txt"}),
     "claude": ("Write", {"file_path": f"{SANDBOX_WORK}/hello.txt", "content": "hi"}),
+    "gemini": ("write_file", {"file_path": f"{SANDBOX_WORK}/hello.txt", "content": "hi"}),
 }
 
 

@@ -12,6 +12,7 @@ CLIS=(
   "qwen @qwen-code/qwen-code@0.24.4"
   "codex @openai/codex@0.169.0"
   "claude @anthropic-ai/claude-code@2.1.332"
+  "gemini @google/gemini-cli@0.61.0"
 )
 t0=$(date +%s)
 mkdir -p "$ROOT"
@@ -51,7 +52,8 @@ cat > "$ROOT/env.sh" <<ENV
 # Written by tests/harness_clis/setup.sh: PATH with Node 22 and the CLIs, and the CLIs' own environment switches for
 # telemetry, error reports and update checks (each name checked in that CLI's code). Switches that live in config
 # files (Qwen Code's settings.json, Codex's config.toml) are written by the test into each run's home.
-export PATH="$NODE_BIN:$ROOT/qwen/node_modules/.bin:$ROOT/codex/node_modules/.bin:$ROOT/claude/node_modules/.bin:\$PATH"
+export PATH="$NODE_BIN:$ROOT/qwen/node_modules/.bin:$ROOT/codex/node_modules/.bin:$ROOT/claude/node_modules/.bin:\
+$ROOT/gemini/node_modules/.bin:\$PATH"
 export DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 DISABLE_AUTOUPDATER=1 DISABLE_BUG_COMMAND=1
 export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY=1
 export QWEN_TELEMETRY_ENABLED=false
