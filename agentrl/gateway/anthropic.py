@@ -38,7 +38,8 @@ import json
 from typing import Any
 
 from agentrl.gateway.choices import Choice, Completion
-from agentrl.gateway.protocol import APIError, ChatRequest, Sampling, _num, bad, new_id, parse_tools
+from agentrl.gateway.protocol import APIError, ChatRequest, Sampling, _num, assistant_message, bad, new_id, \
+    parse_tools
 from agentrl.tools import JSON_ERRORS
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -121,12 +122,7 @@ def _assistant(m: dict[str, Any], p: str) -> dict[str, Any]:
                           "function": {"name": b["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
         else:
             raise bad(q, f"an assistant content block of type {kind!r} is not supported (text, thinking, tool_use)")
-    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if calls:
-        msg["tool_calls"] = calls
-    if thinking:
-        msg["reasoning_content"] = "\n".join(thinking)
-    return msg
+    return assistant_message("".join(texts), calls, "\n".join(thinking) if thinking else None)
 
 
 def parse_chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:

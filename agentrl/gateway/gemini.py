@@ -37,7 +37,7 @@ import json
 from typing import Any
 
 from agentrl.gateway.choices import Choice, Completion
-from agentrl.gateway.protocol import APIError, ChatRequest, Sampling, bad, parse_tools
+from agentrl.gateway.protocol import APIError, ChatRequest, Sampling, assistant_message, bad, parse_tools
 from agentrl.tools import JSON_ERRORS
 
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
@@ -153,12 +153,7 @@ def _model(parts: list[dict[str, Any]], p: str, turn: int, calls: _Calls) -> dic
             continue  # an opaque signature of a hosted model's reasoning
         else:
             raise bad(q, f"a model part with {sorted(part)[:3]} is not supported (text, thought, functionCall)")
-    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if tool_calls:
-        msg["tool_calls"] = tool_calls
-    if thoughts:
-        msg["reasoning_content"] = "".join(thoughts)
-    return msg
+    return assistant_message("".join(texts), tool_calls, "".join(thoughts) if thoughts else None)
 
 
 def parse_chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:

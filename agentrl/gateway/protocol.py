@@ -401,6 +401,17 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
 
 
 # ---------------------------------------------------------------------------------------------------- responses
+def assistant_message(content: str, tool_calls: list[dict[str, Any]], reasoning: str | None) -> dict[str, Any]:
+    """A dialect's model turn as a chat assistant message: ``tool_calls`` only when there are some,
+    ``reasoning_content`` only when the turn had reasoning (None: it had none)."""
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    if reasoning is not None:
+        msg["reasoning_content"] = reasoning
+    return msg
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
