@@ -36,9 +36,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--env", action="append", default=None, metavar="ID",
                    help="env id or suite name (repeatable); replaces the config's envs and suite")
     p.add_argument("--policy", choices=["oracle", "empty", "vllm", "remote", "openai-chat", "openai-responses",
-                                        "anthropic-messages"],
-                   help="what acts (default: oracle); openai-chat / openai-responses / anthropic-messages: a hosted "
-                        "API of that dialect at --endpoint")
+                                        "anthropic-messages", "google-gemini"],
+                   help="what acts (default: oracle); openai-chat / openai-responses / anthropic-messages / "
+                        "google-gemini: a hosted API of that dialect at --endpoint")
     p.add_argument("--model", help="model directory (vllm: the weights; remote: the tokenizer; openai-chat: the "
                    "served model's name)")
     p.add_argument("--endpoint", help="remote: base URL of an OpenAI-compatible vLLM server; openai-chat: the API "

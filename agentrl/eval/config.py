@@ -58,7 +58,8 @@ class EnvEntry:
 
 
 # hosted policy kinds -> the API dialect they speak (agentrl.eval.dialects)
-HOSTED_KINDS = {"openai-chat": "chat", "openai-responses": "responses", "anthropic-messages": "messages"}
+HOSTED_KINDS = {"openai-chat": "chat", "openai-responses": "responses", "anthropic-messages": "messages",
+                "google-gemini": "gemini"}
 
 
 @dataclass
@@ -70,12 +71,13 @@ class PolicyConfig:
     token-in/token-out). ``name`` is the
     ``model_name_or_path`` of predictions. ``engine`` holds ``agentrl.inference.config.EngineConfig`` fields,
     ``rollout`` ``agentrl.agent.loop.RolloutConfig`` fields (both checked when the policy is built).
-    ``openai-chat``, ``openai-responses``, ``anthropic-messages``: a hosted API of that dialect at ``endpoint``
-    (``.../v1``) serving ``model``, tool calls in the API's native form, text-level trajectories
-    (:mod:`agentrl.eval.hosted`); ``api`` holds :class:`~agentrl.eval.hosted.HostedConfig` fields (``api_key_env``,
+    ``openai-chat``, ``openai-responses``, ``anthropic-messages``, ``google-gemini``: a hosted API of that dialect at
+    ``endpoint`` (``.../v1``; Gemini's ``.../v1beta``) serving ``model``, tool calls in the API's native form,
+    text-level trajectories (:mod:`agentrl.eval.hosted`); ``api`` holds :class:`~agentrl.eval.hosted.HostedConfig` fields (``api_key_env``,
     ``max_total_tokens``, retries...)."""
 
-    kind: Literal["oracle", "empty", "vllm", "remote", "openai-chat", "openai-responses", "anthropic-messages"] = "oracle"
+    kind: Literal["oracle", "empty", "vllm", "remote", "openai-chat", "openai-responses", "anthropic-messages",
+                  "google-gemini"] = "oracle"
     model: str | None = None  # vllm: weights dir or "tiny" (default); remote: served name = tokenizer dir
     endpoint: str | None = None
     name: str | None = None

@@ -1,4 +1,4 @@
-"""The three API dialects a hosted policy speaks (:mod:`agentrl.eval.hosted`), as pure conversions.
+"""The four API dialects a hosted policy speaks (:mod:`agentrl.eval.hosted`), as pure conversions.
 
 The session keeps one conversation in OpenAI chat form (``system``/``user``/``tool`` messages, ``assistant``
 messages with ``tool_calls``); each dialect turns it into its request and its answer back into a :class:`Reply`:
@@ -7,7 +7,9 @@ messages with ``tool_calls``); each dialect turns it into its request and its an
 - ``responses``: OpenAI Responses, ``POST {base}/responses``, stateless (the whole conversation as ``input``
   items: messages, ``function_call`` and ``function_call_output``), ``instructions`` from the system messages;
 - ``messages``: Anthropic Messages, ``POST {base}/messages``, ``system`` apart, ``tool_use`` / ``tool_result``
-  content blocks, ``x-api-key`` and ``anthropic-version`` headers.
+  content blocks, ``x-api-key`` and ``anthropic-version`` headers;
+- ``gemini``: Google's Gemini, ``POST {base}/models/{model}:generateContent``, ``systemInstruction`` apart,
+  ``functionCall`` / ``functionResponse`` parts (a result named by the call it answers), ``x-goog-api-key``.
 
 Every converter raises ``ValueError`` for an answer that is not of its dialect.
 """
@@ -21,6 +23,7 @@ from typing import Any
 from agentrl.tools import JSON_ERRORS
 
 ANTHROPIC_VERSION = "2023-06-01"
+DIALECTS = ("chat", "responses", "messages", "gemini")
 
 
 @dataclass
@@ -98,7 +101,43 @@ def request(dialect: str, model: str, messages: list[dict[str, Any]], tools: lis
             body["tools"] = [{"name": f.get("name", ""), "description": f.get("description", ""),
                               "input_schema": f.get("parameters") or {"type": "object"}} for f in fns]
         return "/messages", body
-    raise ValueError(f"dialect must be chat, responses or messages, got {dialect!r}")
+    if dialect == "gemini":
+        return f"/models/{model}:generateContent", _gemini_request(messages, fns, temperature, max_tokens)
+    raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}")
+
+
+def _gemini_request(messages: list[dict[str, Any]], fns: list[dict[str, Any]], temperature: float,
+                    max_tokens: int) -> dict[str, Any]:
+    system = [m.get("content") or "" for m in messages if m["role"] == "system"]
+    names: dict[str, str] = {}  # call id -> function name: a functionResponse names its function
+    contents: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "system":
+            continue
+        if m["role"] == "tool":
+            cid = m.get("tool_call_id", "")
+            part = {"functionResponse": {"id": cid, "name": names.get(cid, m.get("name", "")),
+                                         "response": {"output": m.get("content") or ""}}}
+            if contents and contents[-1]["role"] == "user" and "functionResponse" in contents[-1]["parts"][-1]:
+                contents[-1]["parts"].append(part)  # results of one turn's calls go in one user turn
+            else:
+                contents.append({"role": "user", "parts": [part]})
+            continue
+        parts: list[dict[str, Any]] = [{"text": m["content"]}] if m.get("content") else []
+        for c in m.get("tool_calls") or []:
+            names[c["id"]] = c["function"]["name"]
+            parts.append({"functionCall": {"id": c["id"], "name": c["function"]["name"],
+                                           "args": json_object(c["function"].get("arguments"))}})
+        contents.append({"role": "model" if m["role"] == "assistant" else "user", "parts": parts or [{"text": ""}]})
+    body: dict[str, Any] = {"contents": contents,
+                            "generationConfig": {"temperature": temperature, "maxOutputTokens": max_tokens}}
+    if system:
+        body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
+    if fns:
+        body["tools"] = [{"functionDeclarations": [
+            {"name": f.get("name", ""), "description": f.get("description", ""),
+             "parametersJsonSchema": f.get("parameters") or {"type": "object"}} for f in fns]}]
+    return body
 
 
 def headers(dialect: str, key: str) -> dict[str, str]:
@@ -107,6 +146,9 @@ def headers(dialect: str, key: str) -> dict[str, str]:
         h["anthropic-version"] = ANTHROPIC_VERSION
         if key:
             h["x-api-key"] = key
+    elif dialect == "gemini":
+        if key:
+            h["x-goog-api-key"] = key
     elif key:
         h["Authorization"] = f"Bearer {key}"
     return h
@@ -147,9 +189,23 @@ def reply(dialect: str, answer: Any) -> Reply:
                       "stop_sequence": "stop"}.get(answer.get("stop_reason"), answer.get("stop_reason"))
             return Reply("".join(text), calls, finish, int(u.get("input_tokens") or 0),
                          int(u.get("output_tokens") or 0))
+        if dialect == "gemini":
+            cand = answer["candidates"][0]
+            text, calls = [], []
+            for k, part in enumerate((cand.get("content") or {}).get("parts") or []):
+                if isinstance(part.get("text"), str) and not part.get("thought"):
+                    text.append(part["text"])
+                elif isinstance(part.get("functionCall"), dict):
+                    fc = part["functionCall"]
+                    calls.append({"id": fc.get("id") or f"call_{k}", "type": "function",
+                                  "function": {"name": fc["name"], "arguments": json.dumps(fc.get("args") or {})}})
+            u = answer.get("usageMetadata") or {}
+            finish = "tool_calls" if calls else ("length" if cand.get("finishReason") == "MAX_TOKENS" else "stop")
+            return Reply("".join(text), calls, finish, int(u.get("promptTokenCount") or 0),
+                         int(u.get("candidatesTokenCount") or 0))
     except (KeyError, IndexError, TypeError, AttributeError) as e:
         raise ValueError(f"not a {dialect} answer ({type(e).__name__}: {e})") from None
-    raise ValueError(f"dialect must be chat, responses or messages, got {dialect!r}")
+    raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}")
 
 
 def json_object(raw: Any) -> dict[str, Any]:

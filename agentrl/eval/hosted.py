@@ -1,6 +1,6 @@
 """Hosted models as policies: an API that speaks OpenAI chat completions (a hosted model, a proxy, vLLM's own
 ``vllm serve``), OpenAI Responses or Anthropic Messages (:mod:`agentrl.eval.dialects`), acting in agentrl's envs, for
-``agentrl eval`` (``policy.kind``: ``openai-chat``, ``openai-responses``, ``anthropic-messages``).
+``agentrl eval`` (``policy.kind``: ``openai-chat``, ``openai-responses``, ``anthropic-messages``, ``google-gemini``).
 
 Per episode, :class:`HostedChatSession` keeps the conversation as the API's messages: the env's messages as they
 come (a ``tool`` message answers the previous turn's calls in order and gets their ``tool_call_id``), the model's
@@ -45,7 +45,8 @@ class SpendLimit(HostedAPIError):
 @dataclass
 class HostedConfig:
     """``base_url``: the API root (``.../v1``); ``model``: the model name it serves; ``dialect``: ``chat`` (OpenAI
-    chat completions), ``responses`` (OpenAI Responses) or ``messages`` (Anthropic Messages); ``api_key_env``: the environment
+    chat completions), ``responses`` (OpenAI Responses), ``messages`` (Anthropic Messages) or ``gemini`` (Google's
+    Gemini); ``api_key_env``: the environment
     variable holding the key (unset or empty: no key sent); ``temperature``, ``max_tokens`` per reply;
     ``concurrency``: requests in flight at once; ``retries`` on 429/5xx/lost connections, from ``backoff_s``
     doubling; ``timeout_s`` per request; ``max_total_tokens``: the run's token budget (None: none)."""
@@ -67,8 +68,8 @@ class HostedConfig:
             raise ValueError(f"base_url must be an http(s) URL, got {self.base_url!r}")
         if not self.model:
             raise ValueError("model must name the model the API serves")
-        if self.dialect not in ("chat", "responses", "messages"):
-            raise ValueError(f"dialect must be chat, responses or messages, got {self.dialect!r}")
+        if self.dialect not in dialects.DIALECTS:
+            raise ValueError(f"dialect must be one of {', '.join(dialects.DIALECTS)}, got {self.dialect!r}")
         for name in ("max_tokens", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -95,7 +95,7 @@ def build_policy(cfg: PolicyConfig, kwargs_by_env: dict[str, dict[str, Any]] | N
         from agentrl.eval.hosted import HostedChatPolicy, HostedConfig
 
         dialect = HOSTED_KINDS[cfg.kind]
-        key_env = "ANTHROPIC_API_KEY" if dialect == "messages" else "OPENAI_API_KEY"
+        key_env = {"messages": "ANTHROPIC_API_KEY", "gemini": "GEMINI_API_KEY"}.get(dialect, "OPENAI_API_KEY")
         hosted = HostedChatPolicy(from_dict(HostedConfig, {"base_url": cfg.endpoint, "model": cfg.model,
                                                            "dialect": dialect, "api_key_env": key_env, **cfg.api},
                                             "policy.api"))

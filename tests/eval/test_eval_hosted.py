@@ -133,10 +133,10 @@ async def test_the_spend_guard_stops_the_run_and_failed_episodes_are_errors_not_
 
 
 # --------------------------------------------- every dialect, against agentrl's gateway (exact tokens recorded)
-@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages", "gemini"])
 async def test_each_dialect_plays_a_tool_episode_through_the_gateway(dialect, monkeypatch):
-    """A hosted policy of each dialect (chat completions, Responses, Anthropic Messages) against agentrl's gateway
-    on a scripted engine: the native tool call reaches the env as text, the tool's answer goes back as the
+    """A hosted policy of each dialect (chat completions, Responses, Anthropic Messages, Gemini) against agentrl's
+    gateway on a scripted engine: the native tool call reaches the env as text, the tool's answer goes back as the
     dialect's tool result, and the gateway records the exact tokens the engine sampled."""
     sys.path.insert(0, str(ROOT / "tests" / "gateway"))
     from test_gateway import TOOLS, serve
@@ -148,7 +148,8 @@ async def test_each_dialect_plays_a_tool_episode_through_the_gateway(dialect, mo
     call = '<tool_call>\n{"name": "lookup", "arguments": {"name": "ada"}}\n</tool_call><eos>'
     gw, eng = await serve(load_tokenizer(ensure_tiny_model()), [call, "The answer is 7.<eos>"])
     try:
-        pol = HostedChatPolicy(HostedConfig(f"{gw.url}/s/hosted-{dialect}/v1", "tiny", dialect=dialect,
+        root = f"{gw.url}/s/hosted-{dialect}/" + ("v1beta" if dialect == "gemini" else "v1")
+        pol = HostedChatPolicy(HostedConfig(root, "tiny", dialect=dialect,
                                             api_key_env="TEST_GW_KEY", backoff_s=0, retries=0))
         meta = EpisodeMeta("t0", "g0", "env", 0)
         meta.tools = TOOLS
@@ -165,6 +166,20 @@ async def test_each_dialect_plays_a_tool_episode_through_the_gateway(dialect, mo
         assert pol.usage["requests"] == 2 and pol.usage["completion_tokens"] > 0
     finally:
         await gw.stop()
+
+
+def test_each_hosted_policy_kind_speaks_its_dialect_with_its_vendors_key_variable():
+    from agentrl.eval.config import HOSTED_KINDS, PolicyConfig
+    from agentrl.eval.policies import build_policy
+
+    keys = {"openai-chat": "OPENAI_API_KEY", "openai-responses": "OPENAI_API_KEY",
+            "anthropic-messages": "ANTHROPIC_API_KEY", "google-gemini": "GEMINI_API_KEY"}
+    assert set(HOSTED_KINDS) == set(keys)
+    for kind, dialect in HOSTED_KINDS.items():
+        pol = build_policy(PolicyConfig(kind=kind, endpoint="http://127.0.0.1:9/v1", model="m")).policy
+        assert (pol.cfg.dialect, pol.cfg.api_key_env) == (dialect, keys[kind])
+    with pytest.raises(ValueError, match="dialect must be one of chat, responses, messages, gemini"):
+        HostedConfig("http://127.0.0.1:9/v1", "m", dialect="palm").validate()
 
 
 # ------------------------------------------------------------------- against vLLM's own server (vllm serve)
