@@ -2,23 +2,32 @@
 stepped in a state it never meant to reach) from holding the bridges' one lock (:mod:`.rng`) forever, which would
 stall every other bridged env of the process.
 
-Flow: ``with bounded(seconds, what):`` runs its body on the calling thread while a watchdog thread waits. Past the
-deadline the watchdog raises an interrupt in the calling thread (CPython's ``PyThreadState_SetAsyncExc``), again
-every half second while the body has not ended (a library's ``except Exception`` may swallow one; the interrupt is
-a ``BaseException`` so that few do). The body ends with :class:`LibraryTimeout` naming ``what`` and the bound.
+Flow: ``with bounded(seconds, what):`` registers the calling thread and its deadline with the process's one
+watchdog thread (started on first use, every :data:`TICK_S`), runs the body, and unregisters. Past the deadline the
+watchdog raises an interrupt in the registered thread (CPython's ``PyThreadState_SetAsyncExc``), again every
+:data:`REPEAT_S` while the body has not ended (a library's ``except Exception`` may swallow one; the interrupt is a
+``BaseException`` so that few do). The body ends with :class:`LibraryTimeout` naming ``what`` and the bound.
 
-Invariants: a body that ends in time is never interrupted, also when the deadline passes while it returns (a pending
-interrupt is withdrawn, or consumed, before ``bounded`` exits). The interrupt lands between Python bytecodes: a
-single C call that never returns (a catastrophic regular expression) is not stopped by it.
+Invariants:
+
+- A body that ends in time is never interrupted, also when the deadline passes while it returns: a pending
+  interrupt is withdrawn, or consumed, before ``bounded`` exits.
+- Cheap: a bounded call costs a dictionary entry under a lock (no thread, no wake-up per call); the bridges' calls
+  are tens of microseconds. The bound is kept to within :data:`TICK_S`.
+- The interrupt lands between Python bytecodes: a single C call that never returns (a catastrophic regular
+  expression, a huge integer power) is not stopped by it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
+TICK_S = 0.05
 REPEAT_S = 0.5
 
 
@@ -30,46 +39,69 @@ class _Interrupt(BaseException):
     """What the watchdog raises in the stuck thread (never seen outside :func:`bounded`)."""
 
 
+class _Call:
+    __slots__ = ("tid", "deadline", "fired")
+
+    def __init__(self, tid: int, deadline: float):
+        self.tid, self.deadline, self.fired = tid, deadline, False
+
+
+_lock = threading.Lock()
+_calls: dict[int, _Call] = {}
+_watchdog: threading.Thread | None = None
+
+
 def _raise_in(tid: int, exc: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(exc) if exc else None)
+
+
+def _watch() -> None:
+    while True:
+        time.sleep(TICK_S)
+        now = time.monotonic()
+        with _lock:
+            for call in _calls.values():
+                if now >= call.deadline:
+                    call.fired, call.deadline = True, now + REPEAT_S
+                    _raise_in(call.tid, _Interrupt)
+
+
+def _forked() -> None:  # the child has no watchdog thread: the next bounded call starts one
+    global _lock, _watchdog
+    _lock, _watchdog = threading.Lock(), None
+    _calls.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 @contextmanager
 def bounded(seconds: float | None, what: str) -> Iterator[None]:
     """Interrupts the body with :class:`LibraryTimeout` once it has run ``seconds`` (None or 0: unbounded)."""
+    global _watchdog
     if not seconds:
         yield
         return
-    tid, guard, stop = threading.get_ident(), threading.Lock(), threading.Event()
-    state = {"done": False, "fired": False}
-
-    def watch() -> None:
-        wait = seconds
-        while not stop.wait(wait):
-            with guard:
-                if state["done"]:
-                    return
-                state["fired"] = True
-                _raise_in(tid, _Interrupt)
-            wait = REPEAT_S
-
-    watchdog = threading.Thread(target=watch, name="agentrl-deadline", daemon=True)
+    call = _Call(threading.get_ident(), time.monotonic() + seconds)
     interrupted = False
     try:
         try:
-            watchdog.start()  # inside: a bound shorter than the thread's start can fire while start() waits
+            with _lock:
+                if _watchdog is None:
+                    _watchdog = threading.Thread(target=_watch, name="agentrl-deadline", daemon=True)
+                    _watchdog.start()
+                _calls[id(call)] = call
             yield
         finally:
             while True:  # an interrupt landing here is consumed and the withdrawal retried
                 try:
-                    with guard:  # once done is set under the guard, the watchdog raises nothing more
-                        state["done"] = True
-                        if state["fired"]:
-                            _raise_in(tid, None)  # withdraw one not raised yet
+                    with _lock:  # once unregistered under the lock, the watchdog raises nothing more here
+                        _calls.pop(id(call), None)
+                        if call.fired:
+                            _raise_in(call.tid, None)  # withdraw one not raised yet
                     break
                 except _Interrupt:
                     continue
-            stop.set()
     except _Interrupt:
         interrupted = True
     if interrupted:
