@@ -7,7 +7,8 @@ tokens long (the engine is wrapped so that every request ignores end-of-sequence
 - **engine**: :meth:`VLLMEngine.generate_streaming` on the gateway's rendering of the conversation (no HTTP);
 - **chat**: ``POST /v1/chat/completions`` with ``stream: true``;
 - **messages**: ``POST /v1/messages`` (Anthropic) with ``stream: true``;
-- **responses**: ``POST /v1/responses`` (OpenAI Responses) with ``stream: true``.
+- **responses**: ``POST /v1/responses`` (OpenAI Responses) with ``stream: true``;
+- **gemini**: ``POST /v1beta/models/tiny:streamGenerateContent?alt=sse`` (Google's Gemini).
 
 Clients are bare aiohttp readers of the SSE stream (what is measured is the gateway, not a client library); each
 request is its own session, as a harness's first turn. Reported per side: generated tokens per second (all tokens /
@@ -41,10 +42,10 @@ from bench_gateway import exact_length, loadavg  # this directory is on sys.path
 
 MESSAGES = [{"role": "system", "content": "You are a storyteller."},
             {"role": "user", "content": "Tell me a story about a lighthouse keeper."}]
-SIDES = ("engine", "chat", "messages", "responses")
+SIDES = ("engine", "chat", "messages", "responses", "gemini")
 # chat: content or reasoning_content (the tiny model's family may open with reasoning), the opening empty one aside
 TEXT_EVENTS = {"chat": b'content": "', "messages": b'"type": "content_block_delta"',
-               "responses": b'"type": "response.output_text.delta"'}
+               "responses": b'"type": "response.output_text.delta"', "gemini": b'"parts": [{"text": "'}
 
 
 def body(side: str, tokens: int) -> tuple[str, dict[str, Any]]:
@@ -53,6 +54,11 @@ def body(side: str, tokens: int) -> tuple[str, dict[str, Any]]:
     if side == "messages":
         return "/v1/messages", {"model": "tiny", "system": MESSAGES[0]["content"], "messages": MESSAGES[1:],
                                 "max_tokens": tokens, "stream": True}
+    if side == "gemini":
+        return "/v1beta/models/tiny:streamGenerateContent?alt=sse", {
+            "systemInstruction": {"parts": [{"text": MESSAGES[0]["content"]}]},
+            "contents": [{"role": "user", "parts": [{"text": MESSAGES[1]["content"]}]}],
+            "generationConfig": {"maxOutputTokens": tokens}}
     return "/v1/responses", {"model": "tiny", "instructions": MESSAGES[0]["content"],
                              "input": MESSAGES[1]["content"], "max_output_tokens": tokens, "stream": True}
 

@@ -15,15 +15,17 @@ temperature 1.0, every env turn adding the same short user message.
   whole conversation to the gateway each turn, as harnesses do, in one dialect:
 
   - ``aiohttp``: ``POST /v1/chat/completions`` with a bare aiohttp client, not streamed (the default: what is
-    measured is the gateway itself); ``aiohttp-messages``, ``aiohttp-responses`` and the ``-stream`` sides of all
-    three (``aiohttp-chat-stream``, ...): the same bare client in the other dialects, the JSON posted and the
-    server-sent events read raw (``--sides bare``: the gateway's own cost per dialect, without an SDK's);
+    measured is the gateway itself); ``aiohttp-messages``, ``aiohttp-responses``, ``aiohttp-gemini`` and the
+    ``-stream`` sides of all four (``aiohttp-chat-stream``, ...): the same bare client in the other dialects, the
+    JSON posted and the server-sent events read raw (``--sides bare``: the gateway's own cost per dialect, without
+    an SDK's);
   - ``chat``, ``messages``, ``responses``: chat completions with the ``openai`` client, Anthropic Messages with the
     ``anthropic`` client, OpenAI Responses with the ``openai`` client (``instructions`` + ``input`` items);
   - ``chat-stream``, ``messages-stream``, ``responses-stream``: the same, streamed (``stream=True``, the text read
     from the deltas); the time to the first streamed text delta (TTFT) is reported for these.
 
-  ``--sides dialects`` is the six official-client sides, ``--sides bare`` the six bare ones, ``--sides all`` both. One client (one
+  ``--sides dialects`` is the six official-client sides, ``--sides bare`` the eight bare ones, ``--sides all`` both.
+  One client (one
   connection pool) per library is shared by all episodes, built before the timed run (building one loads the CA
   bundle, ~0.15 s of CPU). The official clients add their own per-request cost (request-body transformation,
   response models), which a harness using them pays too. The gateway renders, matches the session, samples, parses,
@@ -73,7 +75,7 @@ ENV_REPLY = "Lower than 9. 3 guesses left."
 DIALECT_SIDES = ("chat", "chat-stream", "messages", "messages-stream", "responses", "responses-stream")
 # the gateway itself per dialect: bare aiohttp clients that post the dialect's JSON and read its SSE events raw
 BARE_SIDES = ("aiohttp", "aiohttp-chat-stream", "aiohttp-messages", "aiohttp-messages-stream", "aiohttp-responses",
-              "aiohttp-responses-stream")
+              "aiohttp-responses-stream", "aiohttp-gemini", "aiohttp-gemini-stream")
 SIDES = BARE_SIDES + DIALECT_SIDES
 
 
@@ -220,10 +222,17 @@ def gc_since(g0: dict) -> dict[str, float]:
 
 
 # -- the harnesses: one user-style loop, one way to ask per side ------------------------------------------------------
-def _raw_request(dialect: str, ctx, msgs, args) -> tuple[str, dict]:
+def _raw_request(dialect: str, ctx, msgs, args, stream: bool) -> tuple[str, dict]:
     """(path, body) of one request in ``dialect``'s own JSON, as a harness without an SDK sends it."""
     if dialect == "chat":
         return "/chat/completions", {"model": ctx.model, "messages": msgs, "max_tokens": args.tokens}
+    if dialect == "gemini":  # streaming is in the path, not the body
+        method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+        return f"/models/{ctx.model}:{method}", {
+            "systemInstruction": {"parts": [{"text": msgs[0]["content"]}]},
+            "contents": [{"role": "model" if m["role"] == "assistant" else "user", "parts": [{"text": m["content"]}]}
+                         for m in msgs[1:]],
+            "generationConfig": {"maxOutputTokens": args.tokens}}
     if dialect == "messages":
         return "/messages", {"model": ctx.model, "system": msgs[0]["content"], "messages": msgs[1:],
                              "max_tokens": args.tokens}
@@ -231,9 +240,16 @@ def _raw_request(dialect: str, ctx, msgs, args) -> tuple[str, dict]:
                           "input": [{"role": m["role"], "content": m["content"]} for m in msgs[1:]]}
 
 
+def _gemini_text(r: dict) -> str:
+    return "".join(p.get("text", "") for c in r.get("candidates") or [] for p in c["content"]["parts"]
+                   if not p.get("thought"))
+
+
 def _raw_text(dialect: str, r: dict) -> str:
     if dialect == "chat":
         return r["choices"][0]["message"]["content"]
+    if dialect == "gemini":
+        return _gemini_text(r)
     if dialect == "messages":
         return "".join(b.get("text", "") for b in r["content"] if b.get("type") == "text")
     return "".join(c.get("text", "") for item in r["output"] if item.get("type") == "message"
@@ -243,6 +259,8 @@ def _raw_text(dialect: str, r: dict) -> str:
 def _raw_delta(dialect: str, ev: dict) -> str:
     if dialect == "chat":
         return "".join((c.get("delta") or {}).get("content") or "" for c in ev.get("choices") or [])
+    if dialect == "gemini":
+        return _gemini_text(ev)
     if dialect == "messages":
         d = ev.get("delta") or {}
         return d.get("text", "") if ev.get("type") == "content_block_delta" and d.get("type") == "text_delta" else ""
@@ -251,9 +269,10 @@ def _raw_delta(dialect: str, ev: dict) -> str:
 
 def ask_raw(dialect: str):
     async def ask(http, ctx, msgs, args, stream):
-        path, body = _raw_request(dialect, ctx, msgs, args)
+        path, body = _raw_request(dialect, ctx, msgs, args, stream)
         t0, parts = time.perf_counter(), []
-        async with http.post(ctx.base_url + path, json={**body, "stream": True} if stream else body) as resp:
+        streamed = {**body, "stream": True} if stream and dialect != "gemini" else body
+        async with http.post(ctx.base_url + path, json=streamed) as resp:
             if resp.status != 200 or not stream:
                 r = await resp.json()
                 if resp.status != 200:
@@ -312,8 +331,8 @@ async def _read(request, text_of) -> str:
 
 
 ASK = {"aiohttp": ask_raw("chat"), "aiohttp-chat": ask_raw("chat"), "aiohttp-messages": ask_raw("messages"),
-       "aiohttp-responses": ask_raw("responses"), "chat": ask_chat, "messages": ask_messages,
-       "responses": ask_responses}
+       "aiohttp-responses": ask_raw("responses"), "aiohttp-gemini": ask_raw("gemini"), "chat": ask_chat,
+       "messages": ask_messages, "responses": ask_responses}
 
 
 class SideClient:
@@ -347,6 +366,7 @@ class SideClient:
             import aiohttp
 
             key = {"x-api-key": ctx.api_key} if self.dialect == "aiohttp-messages" else \
+                {"x-goog-api-key": ctx.api_key} if self.dialect == "aiohttp-gemini" else \
                 {"Authorization": f"Bearer {ctx.api_key}"}
             return aiohttp.ClientSession(headers=key)
         return contextlib.nullcontext(self.shared.with_options(base_url=self._base(ctx.base_url), api_key=ctx.api_key))

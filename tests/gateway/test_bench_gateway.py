@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(300)
 async def test_smoke_runs_every_side_on_the_same_episodes():
     args = bench.parse_args(["--engine", "instant", "--smoke"])
     out = await bench.main_async(args)
-    assert out["sides"] == list(bench.SIDES) and len(bench.SIDES) == 12
+    assert out["sides"] == list(bench.SIDES) and len(bench.SIDES) == 14
     per_run = args.episodes * args.turns * args.tokens
     assert out["all_lengths_exact"] and per_run == 2 * 2 * 8
     assert len(out["runs"]["native"]) == len(bench.SIDES)  # a native run paired with each side
@@ -40,7 +40,7 @@ def test_sides_are_checked():
     assert bench.parse_args(["--sides", "dialects"]).sides == bench.DIALECT_SIDES
     assert bench.parse_args(["--sides", "bare"]).sides == bench.BARE_SIDES
     assert {s.removeprefix("aiohttp-") for s in bench.BARE_SIDES} - {"aiohttp"} == \
-        set(bench.DIALECT_SIDES) - {"chat"}  # every dialect, streamed and not, bare too
+        set(bench.DIALECT_SIDES) - {"chat"} | {"gemini", "gemini-stream"}  # every dialect, streamed and not, bare
     assert bench.parse_args(["--sides", "chat, messages-stream"]).sides == ("chat", "messages-stream")
     assert bench.parse_args([]).sides == ("aiohttp",)  # the default measures the gateway itself, as before
     with pytest.raises(SystemExit):
