@@ -30,6 +30,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from agentrl import core
 from agentrl.core import Env, Message, StepResult
 from agentrl.tools import JSON_ERRORS
 
@@ -44,11 +45,11 @@ class HostError(RuntimeError):
 class _Host:
     """One started host process and its line reader (a thread: the pipe is read with a bounded wait)."""
 
-    def __init__(self, python: str, env: dict[str, str] | None, launcher: list[str]):
+    def __init__(self, python: str, argv: list[str], env: dict[str, str] | None):
         self.python = python
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed in end())
         try:
-            self.proc = subprocess.Popen([*launcher, python, "-u", str(HOST_SCRIPT)], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=self.stderr, env=env,
                                          start_new_session=True)  # its own group: a timeout ends all it started
         except OSError as e:
@@ -153,15 +154,22 @@ class HostedEnv(Env):
     kwargs: ``python`` (the other interpreter), ``factory`` (``"module:callable"`` importable there), ``kwargs`` (its
     keyword arguments, JSON), ``pythonpath`` (directories put first on the host's ``PYTHONPATH``), ``host_env``
     (extra environment variables for the host), ``launcher`` (a command the host runs under, e.g.
-    ``["unshare", "--user", "--map-root-user", "--net"]`` for no network), ``system_prompt`` (a system message before the first observation),
-    ``start_timeout_s`` (120), ``call_timeout_s`` (60).
+    ``["unshare", "--user", "--map-root-user", "--net"]`` for no network), ``sandbox`` (``"bwrap"``: the host runs
+    in a bubblewrap sandbox, as :mod:`.mcp_sandbox` runs an MCP server: no network unless ``sandbox_network``, the
+    host's system dirs, the interpreter's install, ``pythonpath``, agentrl's own source and ``sandbox_binds``
+    read-only, a private /tmp, its own PID namespace, seccomp, and only ``PYTHONPATH`` and ``host_env`` of the
+    environment: for libraries that run the model's code, such as SkyRL-Gym's ``lcb`` and ``searchcode``),
+    ``system_prompt`` (a system message before the first observation), ``start_timeout_s`` (120), ``call_timeout_s``
+    (60).
     """
 
     description = "An env run by another Python (own venv and pins) behind a stdin/stdout host"
 
     def __init__(self, python: str, factory: str, kwargs: dict[str, Any] | None = None,
                  pythonpath: list[str] | None = None, host_env: dict[str, str] | None = None,
-                 launcher: list[str] | None = None, system_prompt: str | None = None, start_timeout_s: float = 120.0, call_timeout_s: float = 60.0):
+                 launcher: list[str] | None = None, sandbox: str | None = None, sandbox_binds: list[str] | None = None,
+                 sandbox_network: bool = False, system_prompt: str | None = None, start_timeout_s: float = 120.0,
+                 call_timeout_s: float = 60.0):
         super().__init__()
         if not isinstance(factory, str) or ":" not in factory:
             raise ValueError(f"HostedEnv: factory must be 'module:callable', got {factory!r}")
@@ -177,6 +185,15 @@ class HostedEnv(Env):
         if launcher is not None and (not isinstance(launcher, list) or not all(isinstance(a, str) for a in launcher)):
             raise ValueError(f"HostedEnv: launcher must be a list of strings, got {launcher!r}")
         self.launcher = list(launcher or ())
+        if sandbox not in (None, "bwrap"):
+            raise ValueError(f"HostedEnv: sandbox must be 'bwrap' or None, got {sandbox!r}")
+        if sandbox and self.launcher:
+            raise ValueError("HostedEnv: give launcher or sandbox, not both")
+        self.sandbox, self.sandbox_network = sandbox, bool(sandbox_network)
+        self.sandbox_binds = [os.path.abspath(p) for p in sandbox_binds or ()]
+        if self.sandbox:  # the sandbox starts in its own /tmp: relative paths would name nothing there
+            self.python = os.path.abspath(self.python) if os.sep in self.python else self.python
+            self.pythonpath = [os.path.abspath(p) for p in self.pythonpath]
         self.system_prompt = system_prompt
         self.start_timeout_s, self.call_timeout_s = float(start_timeout_s), float(call_timeout_s)
         self.host: _Host | None = None
@@ -188,11 +205,7 @@ class HostedEnv(Env):
         if self.host is not None and not self.host.dead and self.host.proc.poll() is None:
             return self.host
         self.close()
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-        if self.pythonpath:
-            env["PYTHONPATH"] = os.pathsep.join(self.pythonpath)
-        env.update(self.host_env)
-        host = _Host(self.python, env, self.launcher)
+        host = _Host(self.python, *self._command())
         self.host = host
         self._finalizer = weakref.finalize(self, host.end)
         hello = host.receive(self.start_timeout_s, "start-up").get("hello")
@@ -206,6 +219,20 @@ class HostedEnv(Env):
             self.close()  # a host whose env cannot be made is of no use: end it now
             raise
         return host
+
+    def _command(self) -> tuple[list[str], dict[str, str] | None]:
+        """The host's argv and environment (None: bwrap sets it inside)."""
+        own = {"PYTHONPATH": os.pathsep.join(self.pythonpath)} if self.pythonpath else {}
+        command = [self.python, "-u", str(HOST_SCRIPT)]
+        if self.sandbox == "bwrap":
+            from agentrl.envs.bridges.mcp_sandbox import bwrap_command
+
+            # agentrl's source (an editable install's checkout, or site-packages): a factory may import agentrl
+            source = {str(Path(core.__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])}
+            return bwrap_command(command, binds=[*self.pythonpath, *sorted(source), *self.sandbox_binds],
+                                 env={**own, **self.host_env}, network=self.sandbox_network), None
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        return [*self.launcher, *command], {**env, **own, **self.host_env}
 
     def call(self, method: str, *args: Any) -> Any:
         """Calls a public method of the foreign env (e.g. GEM's ``sample_random_action``)."""

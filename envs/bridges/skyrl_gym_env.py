@@ -10,6 +10,12 @@ returns ``env.init(prompt)``'s conversation; each ``step`` returns the step outp
 
 ``task_key(seed)`` (also ``info["task_key"]`` of ``reset``) is ``skyrl_gym/<id>:<sha256 of the row>`` (prompt and
 ground truth), computed without making an env.
+
+SkyRL-Gym's ``lcb`` and ``searchcode`` run the model's code in the process that steps them (``lcb`` in a forked
+child under SkyRL's ``reliability_guard``, ``searchcode``'s Python tool as ``python -c``), as they do in SkyRL. Run
+them in a sandboxed host: ``agentrl.make("outproc/Env-v0", python=sys.executable,
+factory="agentrl.envs.bridges.skyrl_gym_env:SkyRLGymEnv", kwargs={"env": "lcb", "tasks": ...}, sandbox="bwrap",
+sandbox_binds=[<the tasks' dir>])`` (:mod:`.outproc_env`).
 """
 
 from __future__ import annotations

@@ -90,6 +90,42 @@ def test_faults_become_clear_errors_and_the_host_never_lingers():
         HostedEnv(python=SYSTEM_PYTHON, factory="m:f", kwargs={"x": object()})
 
 
+@pytest.mark.bwrap
+def test_a_sandboxed_host_sees_no_host_file_no_network_and_writes_nothing(tmp_path):
+    """What model-written code could do from inside a library (SkyRL-Gym's lcb and searchcode run it in their own
+    process): bare, the probe env reads the host's files and reaches its loopback; with ``sandbox="bwrap"`` it does
+    neither, cannot write the bound source, and its PID 1 is not the host's."""
+    import socket
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    probe = {"python": SYSTEM_PYTHON, "factory": "outproc_probe_env:make", "pythonpath": [HERE]}
+    actions = [f"read {secret}", f"connect {port}", f"write {HERE}/outproc_probe_env.py.bak", "init"]
+    try:
+        bare = agentrl.make(OUTPROC, **probe)
+        bare.reset(seed=0)
+        seen = [bare.step(a)[0][0]["content"] for a in actions[:2]]
+        bare.close()
+        assert seen == ["read: host secret", "connected"]  # the control: the probes work where nothing stops them
+        boxed = agentrl.make(OUTPROC, **probe, sandbox="bwrap")
+        assert boxed.reset(seed=0)[0][0]["content"] == "probe ready"
+        read, connect, write, init = [boxed.step(a)[0][0]["content"] for a in actions]
+        boxed.close()
+    finally:
+        server.close()
+    assert read.startswith("refused: FileNotFoundError") and connect.startswith("refused:"), (read, connect)
+    assert write.startswith("refused: OSError: [Errno 30] Read-only file system"), write
+    assert not Path(f"{HERE}/outproc_probe_env.py.bak").exists()
+    assert "outproc_host.py" in init or "bwrap" in init or "python" in init, init  # its own PID namespace
+    assert not _hosts()
+    with pytest.raises(ValueError, match="launcher or sandbox, not both"):
+        HostedEnv(**probe, sandbox="bwrap", launcher=NO_NET)
+    with pytest.raises(ValueError, match="sandbox must be 'bwrap'"):
+        HostedEnv(**probe, sandbox="docker")
+
+
 def test_an_env_dropped_without_close_ends_its_host():
     env = agentrl.make(OUTPROC, **FIXTURE)
     env.reset(seed=0)
