@@ -72,19 +72,29 @@ async def test_messages_tools_thinking_multi_turn_stream_and_not(qwen3):
             else:
                 assert r.stop_reason == "end_turn" and r.content[-1].text.strip() == "She is 34."
                 msgs.append({"role": "user", "content": [{"type": "text", "text": f"And now ({turn})?"}]})
-        s = gw.store.sessions["claude"]
-        # every reply sent back as given is the gateway's own turn: one segment, no drift
-        assert s.stats["requests"] == 4 and s.stats["tool_calls"] == 2 and s.stats["substituted"] == 6
-        # the session's tokens are exactly the gateway's rendering of the conversation, as chat completions'
-        prompt = eng.calls[-1]["prompt"]
-        assert s.segments[-1].token_ids[: len(prompt)] == prompt
-        assert gw.renderer.decode(prompt).startswith("<|im_start|>system\nUse tools.")
-        traj = gw.store.end("claude", reward=1.0)
-        assert_record_is_engine_record(traj, eng)  # every sampled token with its log-prob and version
+        traj = end_four_turns(gw, eng)
     finally:
         await gw.stop()
-    # the same conversation through chat completions gives the same record, token for token (Qwen3's template drops
-    # the reasoning of turns before the last user message: that rewrite is one drift in either dialect)
+    await assert_same_record_as_chat(traj, qwen3)
+
+
+def end_four_turns(gw, eng):
+    """Ends session ``claude`` (two tool turns, two answers) and checks its record; returns the trajectory."""
+    s = gw.store.sessions["claude"]
+    # every reply sent back as given is the gateway's own turn
+    assert s.stats["requests"] == 4 and s.stats["tool_calls"] == 2 and s.stats["substituted"] == 6
+    # the session's tokens are exactly the gateway's rendering of the conversation, as chat completions'
+    prompt = eng.calls[-1]["prompt"]
+    assert s.segments[-1].token_ids[: len(prompt)] == prompt
+    assert gw.renderer.decode(prompt).startswith("<|im_start|>system\nUse tools.")
+    traj = gw.store.end("claude", reward=1.0)
+    assert_record_is_engine_record(traj, eng)  # every sampled token with its log-prob and version
+    return traj
+
+
+async def assert_same_record_as_chat(traj, qwen3):
+    """The same conversation through chat completions gives the same record, token for token (Qwen3's template
+    drops the reasoning of turns before the last user message: that rewrite is one drift in any dialect)."""
     twin = await chat_twin(qwen3, 4)
     assert traj.info["gateway/drifts"] == twin.info["gateway/drifts"] == 1
     assert (traj.token_ids, traj.loss_mask, traj.logprobs, traj.versions, traj.segments) == \

@@ -15,8 +15,9 @@ from google.genai import errors, types
 from agentrl.gateway import GatewayConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests run with --import-mode=importlib
-from test_anthropic import ANSWER, NO_THINK, THINK_CALL, chat_twin, qwen3  # noqa: E402,F401
-from test_gateway import assert_record_is_engine_record, serve  # noqa: E402
+from test_anthropic import (ANSWER, NO_THINK, THINK_CALL, assert_same_record_as_chat,  # noqa: E402,F401
+                            end_four_turns, qwen3)
+from test_gateway import serve  # noqa: E402
 
 LOOKUP = types.FunctionDeclaration(  # Gemini's own schema form: upper-case type names
     name="lookup", description="Looks a person up.",
@@ -61,21 +62,10 @@ async def test_gemini_tools_thinking_multi_turn_stream_and_not(qwen3):
             else:
                 assert not calls and "".join(p.text for p in content.parts if not p.thought).strip() == "She is 34."
                 contents.append(types.Content(role="user", parts=[types.Part(text=f"And now ({turn})?")]))
-        s = gw.store.sessions["claude"]
-        # every reply sent back as given is the gateway's own turn (Qwen3's template dropping the reasoning of turns
-        # before the last user message is the one drift, as in every dialect)
-        assert s.stats["requests"] == 4 and s.stats["tool_calls"] == 2 and s.stats["substituted"] == 6
-        prompt = eng.calls[-1]["prompt"]
-        assert s.segments[-1].token_ids[: len(prompt)] == prompt
-        assert gw.renderer.decode(prompt).startswith("<|im_start|>system\nUse tools.")
-        traj = gw.store.end("claude", reward=1.0)
-        assert_record_is_engine_record(traj, eng)
+        traj = end_four_turns(gw, eng)
     finally:
         await gw.stop()
-    twin = await chat_twin(qwen3, 4)
-    assert traj.info["gateway/drifts"] == twin.info["gateway/drifts"] == 1
-    assert (traj.token_ids, traj.loss_mask, traj.logprobs, traj.versions, traj.segments) == \
-        (twin.token_ids, twin.loss_mask, twin.logprobs, twin.versions, twin.segments)
+    await assert_same_record_as_chat(traj, qwen3)
 
 
 async def test_gemini_cli_shapes_key_clamp_google_tools_and_errors(qwen3):
