@@ -75,6 +75,13 @@ def _forked() -> None:  # the child has no watchdog thread: the next bounded cal
 os.register_at_fork(after_in_child=_forked)
 
 
+def timeout_arg(value: object, owner: str) -> float:
+    """``value`` as a call bound in seconds, or a ValueError naming ``owner``'s ``call_timeout_s``."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"{owner}: call_timeout_s must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
 @contextmanager
 def bounded(seconds: float | None, what: str) -> Iterator[None]:
     """Interrupts the body with :class:`LibraryTimeout` once it has run ``seconds`` (None or 0: unbounded)."""

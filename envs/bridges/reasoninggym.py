@@ -37,6 +37,7 @@ from typing import Any, ContextManager
 import numpy as np
 
 from agentrl.core import Env, Message, StepResult
+from agentrl.envs.bridges.deadline import timeout_arg
 from agentrl.envs.bridges.rng import LOCK, seeded
 from agentrl.envs.bridges.safe_answer import refusal
 
@@ -157,10 +158,7 @@ class ReasoningGymEnv(Env):
     def __init__(self, dataset: str, size: int | None = None, dataset_seed: int = 0, system_prompt: str = "default",
                  call_timeout_s: float = 60.0, **config: Any):
         super().__init__()
-        if not isinstance(call_timeout_s, (int, float)) or isinstance(call_timeout_s, bool) or call_timeout_s <= 0:
-            raise ValueError(f"ReasoningGymEnv: call_timeout_s must be a positive number of seconds, "
-                             f"got {call_timeout_s!r}")
-        self.call_timeout_s = float(call_timeout_s)
+        self.call_timeout_s = timeout_arg(call_timeout_s, "ReasoningGymEnv")
         if dataset not in DATASETS:
             raise ValueError(f"ReasoningGymEnv: unknown dataset {dataset!r} (see reasoning_gym.factory.DATASETS)")
         fields = _config_fields(dataset)

@@ -32,7 +32,7 @@ import json
 from typing import Any, Callable, TypeVar
 
 from agentrl.core import Env, Message, StepResult
-from agentrl.envs.bridges.deadline import LibraryTimeout
+from agentrl.envs.bridges.deadline import LibraryTimeout, timeout_arg
 from agentrl.envs.bridges.rng import RNGStates, seed_globals, with_states
 from agentrl.envs.frozenlake import shortest_path
 
@@ -80,15 +80,12 @@ class TextArenaEnv(Env):
 
     def __init__(self, game: str, call_timeout_s: float = 60.0, **game_kwargs: Any):
         super().__init__()
-        if not isinstance(call_timeout_s, (int, float)) or isinstance(call_timeout_s, bool) or call_timeout_s <= 0:
-            raise ValueError(f"TextArenaEnv: call_timeout_s must be a positive number of seconds, "
-                             f"got {call_timeout_s!r}")
         if game not in ENV_REGISTRY:
             raise ValueError(f"TextArenaEnv: unknown game {game!r} (see textarena's ENV_REGISTRY)")
         self.game_id = game
         self.make_id = game + "-raw" if game + "-raw" in ENV_REGISTRY else game
         self.game_kwargs = game_kwargs
-        self.call_timeout_s = float(call_timeout_s)
+        self.call_timeout_s = timeout_arg(call_timeout_s, "TextArenaEnv")
         self.game: Any = None
         self.current_key = ""
         self._rng: RNGStates | None = None  # None until the first reset seeds the game

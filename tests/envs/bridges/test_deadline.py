@@ -11,7 +11,7 @@ import time
 import pytest
 
 from agentrl.envs.bridges import rng
-from agentrl.envs.bridges.deadline import LibraryTimeout, bounded
+from agentrl.envs.bridges.deadline import LibraryTimeout, bounded, timeout_arg
 
 
 def _spin_forever() -> None:
@@ -68,3 +68,15 @@ def test_other_errors_pass_through_unchanged():
     with pytest.raises(KeyError):
         with bounded(5, "raises"):
             raise KeyError("k")
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), "5", True, None])
+def test_both_bridges_refuse_a_bound_that_is_not_a_positive_number(bad):
+    with pytest.raises(ValueError, match="Owner: call_timeout_s must be a positive number"):
+        timeout_arg(bad, "Owner")
+    import agentrl
+
+    for env_id in ("textarena/GuessTheNumber-v0", "reasoning_gym/leg_counting"):
+        with pytest.raises(ValueError, match="call_timeout_s must be a positive number"):
+            agentrl.make(env_id, call_timeout_s=bad)
+    assert timeout_arg(2, "Owner") == 2.0
