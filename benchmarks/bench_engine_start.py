@@ -1,11 +1,12 @@
-"""The in-process vLLM engine's start-up and decode speed by executor: vLLM CPU's default (``mp``: the worker in a
-process of its own beside the engine core) against the worker inside the engine-core process (``uni``).
+"""The in-process vLLM engine's start-up and decode speed by ``EngineConfig.executor``: ``auto`` (vLLM CPU's choice:
+the worker in a process of its own beside the engine core) against ``in_core`` (the worker inside the engine-core
+process).
 
 Each run is a fresh process (start-up includes vLLM's imports and process spawns); executors alternate so that a
 drifting host hits both alike. Per run: seconds until the engine is ready, then tokens/s of 6 rounds of 96 sampled
 tokens each at batch 1, 8 and 32 (50-token prompts, seeded requests, as the agent loop sends them).
 
-    .venv/bin/python benchmarks/bench_engine_start.py --executors mp uni --repeats 2
+    .venv/bin/python benchmarks/bench_engine_start.py --executors auto in_core --repeats 2
 """
 
 from __future__ import annotations
@@ -23,21 +24,16 @@ BATCHES = (1, 8, 32)
 
 def child(executor: str) -> dict:
     t0 = time.perf_counter()
-    if executor == "uni":
-        # vLLM CPU turns "uni" into "mp" unless this is off; AsyncLLM itself ignores it (its engine core always
-        # runs in a process of its own)
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from agentrl.inference import EngineConfig
     from agentrl.inference.base import SamplingParams
     from agentrl.inference.vllm_engine import VLLMEngine
     from agentrl.models import ensure_tiny_model
 
     model = str(ensure_tiny_model(variant="tiny-tool"))
-    eng = VLLMEngine(EngineConfig(model=model, max_model_len=2048, seed=0,
-                                  extra_engine_args={"distributed_executor_backend": executor}))
+    eng = VLLMEngine(EngineConfig(model=model, max_model_len=2048, seed=0, executor=executor))
     ready_s = time.perf_counter() - t0
     used = eng._llm.vllm_config.parallel_config.distributed_executor_backend
-    if used != executor:
+    if (used == "mp") != (executor == "auto"):
         raise RuntimeError(f"asked for executor {executor!r}, vLLM runs {used!r}")
 
     async def rounds() -> dict[int, float]:
@@ -52,14 +48,17 @@ def child(executor: str) -> dict:
         return out
 
     tok_s = asyncio.run(rounds())
+    tc = time.perf_counter()
     eng.close_sync()
+    close_s = time.perf_counter() - tc
     return {"executor": executor, "ready_s": round(ready_s, 1), "engine_start_s": round(eng.start_time_s, 1),
+            "close_s": round(close_s, 1),
             "tok_per_s": {str(n): round(v, 1) for n, v in tok_s.items()}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--executors", nargs="+", default=["mp", "uni"], choices=["mp", "uni"])
+    ap.add_argument("--executors", nargs="+", default=["auto", "in_core"], choices=["auto", "in_core"])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -75,11 +74,11 @@ def main() -> None:
                 sys.exit(f"{ex} run {r} failed ({out.returncode}):\n{out.stderr[-3000:]}")
             runs.append(json.loads(line[0][7:]) | {"load": round(os.getloadavg()[0], 2)})
             print(json.dumps(runs[-1]), flush=True)
-    print("\n| executor | ready s | " + " | ".join(f"tok/s at {n}" for n in BATCHES) + " | load |")
-    print("| --- | ---: | " + " | ".join("---:" for _ in BATCHES) + " | ---: |")
+    print("\n| executor | ready s | close s | " + " | ".join(f"tok/s at {n}" for n in BATCHES) + " | load |")
+    print("| --- | ---: | ---: | " + " | ".join("---:" for _ in BATCHES) + " | ---: |")
     for run in runs:
-        print(f"| {run['executor']} | {run['ready_s']} | " + " | ".join(str(run['tok_per_s'][str(n)]) for n in BATCHES)
-              + f" | {run['load']} |")
+        print(f"| {run['executor']} | {run['ready_s']} | {run['close_s']} | "
+              + " | ".join(str(run['tok_per_s'][str(n)]) for n in BATCHES) + f" | {run['load']} |")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ engine shared by every test in the session (starting one costs 20-40 s on the CP
 
 - ``tiny_model_dir``: ``$AGENTRL_TINY_MODEL`` or ``~/.cache/agentrl/tiny-model``; built if missing or stale.
 - ``engine``: a :class:`agentrl.inference.vllm_engine.VLLMEngine` on that model (max_model_len 2048, pause mode
-  "abort"). It runs on its own event-loop thread, so any test's event loop can use it. Tests that change its
+  "abort", executor "in_core": it starts ~25 s sooner). It runs on its own event-loop thread, so any test's event loop can use it. Tests that change its
   weights must restore them (see test_weight_sync.py) and must use versions above ``engine.version``.
 """
 
@@ -30,7 +30,8 @@ def engine(tiny_model_dir: Path):
     from agentrl.inference.config import EngineConfig
     from agentrl.inference.vllm_engine import VLLMEngine
 
-    eng = VLLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=2048, pause_mode="abort", seed=0))
+    eng = VLLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=2048, pause_mode="abort", seed=0,
+                                   executor="in_core"))
     try:
         yield eng
     finally:

@@ -68,6 +68,13 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_num_seqs: int | None = None
     tensor_parallel_size: int = 1
+    executor: Literal["auto", "in_core"] = "auto"
+    """Where vLLM runs the model when it uses one device (vllm only). ``"auto"``: vLLM's choice; on CPU hosts that
+    is a worker process beside the engine-core process (vLLM sets the worker's OpenMP thread binding before it
+    starts). ``"in_core"``: in the engine-core process on every host: one process fewer to spawn and import, so
+    on the 2-core CPU machines an engine is ready 15-19 s sooner (34 s against 49-53 s) and decodes up to ~15 %
+    fewer tokens/s at batch 32 (``benchmarks/bench_engine_start.py``). For tests, evaluations and other short jobs;
+    the sampled tokens and log-probs are the same."""
     seed: int = 0
     pause_mode: Literal["abort", "keep"] = "abort"
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
@@ -107,6 +114,9 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.executor == "in_core" and self.tensor_parallel_size != 1:
+            raise ValueError(f"executor: 'in_core' runs one device's worker; tensor_parallel_size is "
+                             f"{self.tensor_parallel_size} (use executor: auto)")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.backend == "remote":

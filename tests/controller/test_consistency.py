@@ -46,7 +46,8 @@ async def test_engine_logprobs_equal_trainer_compute_logprobs_after_a_real_train
     tok = AutoTokenizer.from_pretrained(str(model))
     trainer = Trainer(TrainerConfig(optimizer=OptimizerConfig(lr=3e-3), temperature=TEMPERATURE, device="cpu",
                                     dtype="float32", micro_batch_size=16), model)
-    engine = await VLLMEngine.create(EngineConfig(model=str(model), max_model_len=1024, pause_mode="abort", seed=0))
+    engine = await VLLMEngine.create(EngineConfig(model=str(model), max_model_len=1024, pause_mode="abort", seed=0,
+                                                        executor="in_core"))
     try:
         assert engine.cfg.logprobs_mode == "processed_logprobs"  # mu: the distribution actually sampled from
         policy = AgentLoopPolicy(engine, tok, RolloutConfig(temperature=TEMPERATURE, max_tokens_per_turn=16,
@@ -92,7 +93,7 @@ def test_twenty_steps_at_alpha_0_with_lr_0_stay_on_policy(tmp_path):
             "async_ratio=0", "manager.num_groups=2", "manager.group_size=2", "warm_start.episodes=0",
             "eval.episodes=0", "rollout.max_turns=3", "manager.max_turns=3", f"rollout.temperature={TEMPERATURE}",
             "trainer.optimizer.lr=1e-30", "trainer.dtype=float32", "checkpoint_every=20", "progress=false",
-            "tensorboard=false", f"run_dir={run_dir}"]
+            "tensorboard=false", "engine.executor=in_core", f"run_dir={run_dir}"]
     p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=840)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_train_custom_env_example(tmp_path):
     run_dir = tmp_path / "linewalk"
     # A smaller warm start and evaluation than the example's own (CI time); the same code path.
-    small = ["warm_start.episodes=96", "warm_start.steps=8", "eval.episodes=16", "manager.num_groups=4"]
+    small = ["warm_start.episodes=96", "warm_start.steps=8", "eval.episodes=16", "manager.num_groups=4",
+             "engine.executor=in_core"]
     p = subprocess.run([sys.executable, "examples/train_custom_env.py", "--steps", "2", "--run-dir", str(run_dir),
                         *small], cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "PYTHONUNBUFFERED": "1"})

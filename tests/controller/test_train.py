@@ -16,10 +16,11 @@ from agentrl.controller.run import RunFiles, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
-# Small and fast: 2 groups of 2 per step, no warm start, short evals.
+# Small and fast: 2 groups of 2 per step, no warm start, short evals, the model in the engine-core process (the
+# engine starts sooner; test_examples.py's run of examples/train_openai_agent.py trains with vLLM's default).
 SMALL = ["steps=3", "manager.num_groups=2", "manager.group_size=2", "warm_start.episodes=0", "eval.episodes=4",
          "rollout.max_turns=3", "manager.max_turns=3", "checkpoint_every=1", "progress=false", "tensorboard=true",
-         "trainer.record_logprobs=2"]
+         "trainer.record_logprobs=2", "engine.executor=in_core"]
 
 
 def rows(run_dir: Path) -> list[dict]:

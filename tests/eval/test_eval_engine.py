@@ -22,7 +22,8 @@ def test_tiny_model_end_to_end(tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "eval", str(REPO / "configs" / "eval_tiny_vllm.yaml"),
-         "--limit", "3", "--out", str(out), "--no-progress", "--name", "tiny"],
+         "--limit", "3", "--out", str(out), "--no-progress", "--name", "tiny",
+         "--set", "policy.engine.executor=in_core"],
         cwd=REPO, capture_output=True, text=True, timeout=570,  # < pytest-timeout (600 s): loaded machines are slow
     )
     assert r.returncode == 0, r.stderr[-4000:]

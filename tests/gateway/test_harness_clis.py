@@ -98,7 +98,7 @@ def vllm(model_dir, cli_env):  # cli_env first: no engine start when the CLIs ar
     from agentrl.inference.config import EngineConfig
     from agentrl.inference.vllm_engine import VLLMEngine
 
-    eng = VLLMEngine(EngineConfig(model=str(model_dir), max_model_len=65536, seed=0))
+    eng = VLLMEngine(EngineConfig(model=str(model_dir), max_model_len=65536, seed=0, executor="in_core"))
     try:
         yield eng
     finally:

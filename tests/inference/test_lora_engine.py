@@ -40,7 +40,7 @@ def _engine_cfg(model: Path, **kw):
     from agentrl.inference.config import EngineConfig
     from agentrl.trainer.lora import adapter_config
 
-    base = dict(model=str(model), max_model_len=2048, seed=0, lora=adapter_config(LORA, model))
+    base = dict(model=str(model), max_model_len=2048, seed=0, lora=adapter_config(LORA, model), executor="in_core")
     base.update(kw)
     return EngineConfig(**base)
 

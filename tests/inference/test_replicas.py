@@ -33,7 +33,7 @@ def eng(tiny_model_dir):
     from agentrl.inference.replicas import ReplicatedEngine
 
     e = make_engine(EngineConfig(model=str(tiny_model_dir), replicas=2, weight_sync="gloo", max_model_len=1024,
-                                 pause_mode="abort", seed=0))
+                                 pause_mode="abort", seed=0, executor="in_core"))
     assert isinstance(e, ReplicatedEngine)
     try:
         yield e

@@ -202,7 +202,7 @@ async def test_the_64k_variant_serves_prompts_past_the_old_4096_positions(tmp_pa
     assert json.loads((path / "config.json").read_text())["max_position_embeddings"] == 65536
     prompt = tok("lookup calculator answer " * 3000, add_special_tokens=False)["input_ids"][:8192]
     assert len(prompt) == 8192
-    eng = await VLLMEngine.create(EngineConfig(model=str(path), max_model_len=16384, seed=0))
+    eng = await VLLMEngine.create(EngineConfig(model=str(path), max_model_len=16384, seed=0, executor="in_core"))
     try:
         gen = await eng.generate(prompt, SamplingParams(max_tokens=4, ignore_eos=True), request_id="long")
     finally:

@@ -33,7 +33,8 @@ def _cli(*args: str, timeout: float = 1800) -> str:
 def test_rollout_on_a_bridged_env(tmp_path, env_id, kwargs):
     config = tmp_path / "rollout.yaml"
     config.write_text(yaml.safe_dump({"env": env_id, "env_kwargs": kwargs, "episodes": 4, "out": str(tmp_path / "t.jsonl"),
-                                      "progress": False, "rollout": {"max_tokens_per_turn": 16, "max_turns": 2}}))
+                                      "progress": False, "rollout": {"max_tokens_per_turn": 16, "max_turns": 2},
+                                      "engine": {"executor": "in_core"}}))
     _cli("rollout", "--config", str(config))
     episodes = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert len(episodes) == 4 and {e["env_id"] for e in episodes} == {env_id}
@@ -54,6 +55,7 @@ def test_train_on_a_bridged_env(tmp_path, env_id, kwargs):
     config["manager"].update(num_groups=2, group_size=2, max_turns=2)
     config["rollout"].update(max_turns=2, max_tokens_per_turn=16)
     config["warm_start"]["episodes"] = 0
+    config.setdefault("engine", {})["executor"] = "in_core"
     config["eval"]["episodes"] = 4
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
