@@ -8,7 +8,6 @@ import math
 import os
 import signal
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from agentrl.inference.base import SamplingParams
 from agentrl.inference import EngineConfig, make_engine
 from agentrl.inference.vllm_engine import VLLMEngine
 from agentrl.testing.engine_probe import TokenProbe
+from agentrl.testing.procs import descendants
 
 pytestmark = pytest.mark.engine
 
@@ -164,19 +164,8 @@ def test_config_errors_name_the_field():
         EngineConfig(executor="in_core", tensor_parallel_size=2).validate()
 
 
-def _child_commands(pid: int) -> list[str]:
-    out = []
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-    return out
-
-
 def test_in_core_engine_runs_the_model_without_a_worker_process(engine):
-    """The suite's engine uses ``executor: in_core`` (it starts ~25 s sooner on the CPU): vLLM keeps the model in
+    """The suite's engine uses ``executor: in_core`` (it starts ~15 s sooner on the CPU): vLLM keeps the model in
     the engine-core process (vLLM CPU would turn its name "uni" into a worker process of its own)."""
     from agentrl.inference import orphan_guard
 
@@ -185,7 +174,7 @@ def test_in_core_engine_runs_the_model_without_a_worker_process(engine):
     assert core != os.getpid()
     backend = engine._llm.vllm_config.parallel_config.distributed_executor_backend
     assert getattr(backend, "__name__", backend) == "UniProcExecutor"
-    assert not [c for c in _child_commands(core) if "multiprocessing" in c or "Worker" in c]
+    assert not [c for c in descendants(core).values() if "multiprocessing" in c or "Worker" in c]
 
 
 def test_in_core_engine_core_exits_by_itself_when_closed(tiny_model_dir):
