@@ -14,7 +14,11 @@ Invariants:
   bridges' one lock, swaps the env's states in, and swaps the process's back out (:mod:`.rng`). So concurrent
   episodes on threads neither interleave their draws nor move anyone else's generator, and a seed gives the same
   game everywhere.
-- A game for several players fails at ``reset`` with an error that says so.
+- A game for several players fails at ``reset`` with an error that says so; a game that cannot be made names the
+  library's error on one line (:func:`describe`).
+- The game's reward is the step's only where it is a finite number; anything else (some games put the reason of a
+  malformed move where the reward goes) ends the game with reward 0, ``info["reward_error"]`` and the game's text in
+  the message.
 - Every call into the game is bounded (kwarg ``call_timeout_s``, default 60 s; :mod:`.deadline`): a game that loops
   forever (MarketEntryGame, a game for several players that accepts one, spins once its player is out) fails its
   episode with :class:`~.deadline.LibraryTimeout` instead of holding the bridges' lock, and every other bridged env,
@@ -22,13 +26,17 @@ Invariants:
 - ``oracle_policy()`` plays a game's scripted solver where this module has one (FrozenLake: a shortest hole-free path
   on the last board shown), for the warm start and ``agentrl eval``; other games have none.
 - ``task_key(seed)`` (also ``info["task_key"]`` of ``reset``) is ``textarena/<game>:<sha256 of the opening and the game's state>`` (the state
-  holds the hidden parts, such as the number to guess).
+  holds the hidden parts, such as the number to guess), the state read by content (:func:`state_content`: objects
+  by their fields, never by a memory address), so the same deal has the same key in any instance or process.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
+import math
+import re
 from typing import Any, Callable, TypeVar
 
 from agentrl.core import Env, Message, StepResult
@@ -65,6 +73,39 @@ def solve_frozen_lake(conversation: list[Message]) -> str:
 _SOLVERS: dict[str, Callable[[list[Message]], str]] = {  # by the game's class, so that every variant has it
     "textarena.envs.FrozenLake.env:FrozenLakeEnv": solve_frozen_lake,
 }
+
+
+def state_content(value: Any, _path: frozenset[int] = frozenset()) -> Any:
+    """``value`` (a game's state) as JSON-ready content: objects by their class and fields, sets sorted, a value
+    already on the path as ``"<cycle>"``; never a memory address (a default ``repr`` holds one, so a key made from it
+    would differ between two deals of the same game)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if id(value) in _path:
+        return "<cycle>"
+    path = _path | {id(value)}
+    if isinstance(value, dict):
+        return sorted(([state_content(k, path), state_content(v, path)] for k, v in value.items()), key=repr)
+    if isinstance(value, (list, tuple)):
+        return [state_content(v, path) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((state_content(v, path) for v in value), key=repr)
+    fields = getattr(value, "__dict__", None)
+    if fields is None and hasattr(type(value), "__slots__"):
+        fields = {k: getattr(value, k) for k in type(value).__slots__ if hasattr(value, k)}
+    if isinstance(fields, dict) and not callable(value):
+        return [type(value).__qualname__, state_content(fields, path)]
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))  # a function, a module, a bare object: its name only
+
+
+def describe(e: BaseException) -> str:
+    """``Type: text`` of a library's exception on one line (ANSI colours and banner rows of ``*`` dropped, at most
+    300 characters of text): nltk's LookupError, for one, opens with a blank line and a row of asterisks."""
+    text = re.sub(r"\x1b\[[0-9;]*m|\*{3,}", " ", str(e))
+    text = " ".join(text.split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
 def game_names() -> list[str]:
@@ -116,19 +157,18 @@ class TextArenaEnv(Env):
             try:
                 self.game = textarena.make(self.make_id, **self.game_kwargs)
             except Exception as e:  # some games do not import on every Python (3.12-only syntax)
-                raise ValueError(f"TextArena game {self.game_id!r} cannot be made: {type(e).__name__}: {e}") from e
+                raise ValueError(f"TextArena game {self.game_id!r} cannot be made: {describe(e)}") from e
             try:
                 self.game.reset(num_players=1, seed=game_seed)
             except Exception as e:
-                raise ValueError(f"TextArena game {self.game_id!r} cannot be played by one player: "
-                                 f"{type(e).__name__}: {e}") from e
+                raise ValueError(f"TextArena game {self.game_id!r} cannot be played by one player: {describe(e)}") from e
             return self._text() or "(the game says nothing)"
 
         self._rng = None
         text = self._call(start)
         self.done = False
         state = getattr(getattr(self.game, "state", None), "game_state", None)
-        content = json.dumps([text, state], sort_keys=True, default=str)
+        content = json.dumps([text, state_content(state)])
         self.current_key = f"textarena/{self.game_id}:{hashlib.sha256(content.encode()).hexdigest()[:16]}"
         return [{"role": "user", "content": text}], {"task_key": self.current_key}
 
@@ -160,8 +200,23 @@ class TextArenaEnv(Env):
         if done:
             self.done = True
             rewards, game_info = closed
-            reward = float((rewards or {}).get(0, 0.0))
+            reward, bad = _number((rewards or {}).get(0, 0.0))
             player = (game_info or {}).get(0, {})
             info.update({k: v for k, v in player.items() if isinstance(v, (str, int, float, bool))})
-            text = "\n".join(p for p in (text, str(player.get("reason", "")).strip()) if p)  # the verdict
+            verdict = [str(player.get("reason", "")).strip()]
+            if bad is not None:
+                info["reward_error"] = f"the game's reward {bad!r:.300} is not a number; counted as 0"
+                verdict.append(str(bad).strip() if isinstance(bad, str) else "")
+            text = "\n".join(p for p in (text, *verdict) if p)
         return [{"role": "user", "content": text or "(the game says nothing)"}], reward, done, False, info
+
+
+def _number(raw: Any) -> tuple[float, Any]:
+    """(reward, None) for a finite number; else (0.0, ``raw``). Some games end a malformed move with the reason
+    where the reward goes (Countdown, Cryptarithm, Slitherlink: "Invalid action format. ..."), and a reward that is
+    not a finite number must not reach training."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0, raw
+    return (value, None) if math.isfinite(value) and not isinstance(raw, (str, bytes)) else (0.0, raw)

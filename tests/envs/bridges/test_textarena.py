@@ -3,6 +3,7 @@ states under one lock, rewards from the game, ``agentrl envs check`` and 64 epis
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import threading
@@ -104,6 +105,55 @@ def test_each_env_keeps_its_own_global_rng_state_across_threads():
         t.join()
     assert all(got[(s, k)] == want[s] for s in range(4) for k in range(2))
     assert random.getstate() == before[0] and (np.random.get_state()[1] == before[1]).all()
+
+
+def test_task_key_of_a_game_whose_state_holds_objects_is_its_content():
+    """RushHour's state holds its vehicles as objects (default repr: a memory address). The key is their content,
+    the same for the same seed in any instance and any process, and differs where the boards differ."""
+    keys = [agentrl.make("textarena/RushHour-v0").reset(seed=s)[1]["task_key"] for s in (3, 3, 4)]
+    assert keys[0] == keys[1] != keys[2]
+    assert agentrl.make("textarena/RushHour-v0").unwrapped.task_key(3) == keys[0]
+
+
+class _Piece:
+    def __init__(self, name: str, at: tuple[int, int]):
+        self.name, self.at, self.board = name, at, None
+
+
+def test_state_content_reads_objects_by_their_fields_not_their_address():
+    from agentrl.envs.bridges.textarena_env import state_content
+
+    a, b = _Piece("X", (2, 0)), _Piece("X", (2, 0))
+    a.board, b.board = [a], [b]  # cycles: each read once, then named
+    assert state_content({"p": a, "s": {3, 1, 2}}) == state_content({"p": b, "s": {2, 3, 1}})
+    assert state_content({"p": a}) != state_content({"p": _Piece("X", (2, 1))})
+    assert "0x" not in json.dumps(state_content({"p": a, "f": print, "o": object()}))
+
+
+def test_a_reward_that_is_not_a_number_ends_the_game_with_0_and_says_so():
+    """Countdown, Cryptarithm and Slitherlink end a game on a malformed move with the reason where the reward goes
+    (TextArena passes the two the other way round there): the episode ends with reward 0, the game's message shown
+    to the model and named in the info, and no exception."""
+    for game in ("Countdown-v0", "Cryptarithm-v0", "Slitherlink-v0"):
+        env = agentrl.make(f"textarena/{game}")
+        env.reset(seed=0)
+        done, k = False, 0
+        while not done and k < 10:
+            out, reward, done, truncated, info = env.step("not a move")
+            k += 1
+        assert done and reward == 0.0 and info["invalid_move"] is True, (game, info)
+        assert "is not a number" in info["reward_error"] and "format" in out[0]["content"], (game, info, out)
+
+
+def test_a_library_error_with_a_banner_is_told_by_its_text():
+    """nltk's LookupError (a corpus not downloaded) opens with a blank line and a row of asterisks: the error
+    names the missing resource, not an empty line."""
+    from agentrl.envs.bridges.textarena_env import describe
+
+    e = LookupError("\n" + "*" * 70 + "\n  Resource \x1b[93mwords\x1b[0m not found.\n  Please use the NLTK "
+                    "Downloader to obtain the resource:\n\n  >>> import nltk\n" + "*" * 70 + "\n")
+    assert describe(e).startswith("LookupError: Resource words not found. Please use the NLTK Downloader")
+    assert describe(KeyError()) == "KeyError" and len(describe(ValueError("x" * 5000))) < 400
 
 
 def test_games_that_cannot_run_say_why():
