@@ -32,6 +32,7 @@ from typing import Any
 
 from agentrl import core
 from agentrl.core import Env, Message, StepResult
+from agentrl.envs.bridges.errors import one_line
 from agentrl.tools import JSON_ERRORS
 
 HOST_SCRIPT = Path(__file__).with_name("outproc_host.py")
@@ -115,7 +116,7 @@ class _Host:
         if reply.get("id") != rid or not isinstance(reply.get("ok"), bool):
             raise self.fail(f"env host {self.python!r} answered {what} outside the protocol: {str(reply)[:120]!r}")
         if not reply["ok"]:
-            raise HostError(f"env host {self.python!r}: {what} failed in the env: {reply.get('error')}")
+            raise HostError(f"env host {self.python!r}: {what} failed in the env: {one_line(str(reply.get('error')))}")
         return reply.get("result")
 
     def end(self, grace_s: float = 5.0) -> None:

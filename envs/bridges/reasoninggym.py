@@ -38,6 +38,7 @@ import numpy as np
 
 from agentrl.core import Env, Message, StepResult
 from agentrl.envs.bridges.deadline import timeout_arg
+from agentrl.envs.bridges.errors import describe
 from agentrl.envs.bridges.rng import LOCK, seeded
 from agentrl.envs.bridges.safe_answer import refusal
 
@@ -226,7 +227,7 @@ class ReasoningGymEnv(Env):
                 with global_rng(self.name, self.config.get("seed"), self.index, "score", bound_s=self.call_timeout_s):
                     reward = float(self.dataset.score_answer(answer, entry))
             except Exception as e:  # the scorer choking on the model's text is the model's failure, not the env's
-                reward, info["score_error"] = 0.0, f"{type(e).__name__}: {e}"
+                reward, info["score_error"] = 0.0, describe(e)
         if not np.isfinite(reward):
             reward, info["score_error"] = 0.0, f"score_answer returned {reward!r}"
         info["correct"] = reward >= 1.0

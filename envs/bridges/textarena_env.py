@@ -15,7 +15,7 @@ Invariants:
   episodes on threads neither interleave their draws nor move anyone else's generator, and a seed gives the same
   game everywhere.
 - A game for several players fails at ``reset`` with an error that says so; a game that cannot be made names the
-  library's error on one line (:func:`describe`).
+  library's error on one line (:func:`.errors.describe`).
 - The game's reward is the step's only where it is a finite number; anything else (some games put the reason of a
   malformed move where the reward goes) ends the game with reward 0, ``info["reward_error"]`` and the game's text in
   the message.
@@ -41,6 +41,7 @@ from typing import Any, Callable, TypeVar
 
 from agentrl.core import Env, Message, StepResult
 from agentrl.envs.bridges.deadline import LibraryTimeout, timeout_arg
+from agentrl.envs.bridges.errors import describe
 from agentrl.envs.bridges.rng import RNGStates, seed_globals, with_states
 from agentrl.envs.frozenlake import shortest_path
 
@@ -98,14 +99,6 @@ def state_content(value: Any, _path: frozenset[int] = frozenset()) -> Any:
     if isinstance(fields, dict) and not callable(value):
         return [type(value).__qualname__, state_content(fields, path)]
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))  # a function, a module, a bare object: its name only
-
-
-def describe(e: BaseException) -> str:
-    """``Type: text`` of a library's exception on one line (ANSI colours and banner rows of ``*`` dropped, at most
-    300 characters of text): nltk's LookupError, for one, opens with a blank line and a row of asterisks."""
-    text = re.sub(r"\x1b\[[0-9;]*m|\*{3,}", " ", str(e))
-    text = " ".join(text.split())
-    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
 def game_names() -> list[str]:

@@ -3,7 +3,8 @@
 Count-down: reset(seed) draws a start in 3..6 from ``random.seed(seed)`` (the process-global generator, as GEM and
 TextArena do); the action "down" subtracts one, and reaching 0 ends the episode with reward 1. It prints to stdout on
 every call (the host must keep that off the protocol). Faults: "raise" raises, "hang" sleeps, "crash" exits the
-process with code 3 after writing to stderr, "nan" returns a NaN reward.
+process with code 3 after writing to stderr, "nan" returns a NaN reward, "banner" raises an error decorated for a
+terminal as nltk's are (a blank first line, rows of asterisks, a coloured name).
 """
 
 import os
@@ -33,6 +34,8 @@ class CountDown:
             sys.stderr.write("fixture env: crashing on purpose\n")
             sys.stderr.flush()
             os._exit(3)
+        if action == "banner":
+            raise LookupError("\n" + "*" * 70 + "\n  Resource \x1b[93mwords\x1b[0m not found.\n" + "*" * 70 + "\n")
         if action == "nan":
             return "nan", float("nan"), False, False, {}
         if action == "down":

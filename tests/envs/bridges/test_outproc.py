@@ -64,6 +64,8 @@ def test_faults_become_clear_errors_and_the_host_never_lingers():
         with pytest.raises(HostError, match="step failed in the env: ValueError: the env refused this action"):
             env.step("raise")
         assert env.step("wait")[0][0]["content"].startswith("now ")  # an env exception leaves the host usable
+        with pytest.raises(HostError, match="step failed in the env: LookupError: Resource words not found.$"):
+            env.step("banner")  # told on one line, without the terminal's decoration
         with pytest.raises(HostError, match="reward nan, not a finite number|reward 'nan', not a finite number"):
             env.step("nan")
         t0 = time.monotonic()

@@ -148,7 +148,7 @@ def test_a_reward_that_is_not_a_number_ends_the_game_with_0_and_says_so():
 def test_a_library_error_with_a_banner_is_told_by_its_text():
     """nltk's LookupError (a corpus not downloaded) opens with a blank line and a row of asterisks: the error
     names the missing resource, not an empty line."""
-    from agentrl.envs.bridges.textarena_env import describe
+    from agentrl.envs.bridges.errors import describe
 
     e = LookupError("\n" + "*" * 70 + "\n  Resource \x1b[93mwords\x1b[0m not found.\n  Please use the NLTK "
                     "Downloader to obtain the resource:\n\n  >>> import nltk\n" + "*" * 70 + "\n")
