@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium
-from gymnasium.envs.registration import EnvSpec, load_env_creator
+from gymnasium.envs.registration import EnvSpec, load_env_creator, parse_env_id
 
 from agentrl.core import TimeLimit
 
@@ -119,7 +119,8 @@ def families() -> list[Family]:
 
 
 def family_names(namespace: str) -> list[str]:
-    """Returns the names the family ``namespace`` accepts (imports its library); raises
+    """Returns the names the family ``namespace`` accepts (imports its library): those of its library's names that
+    make an id gymnasium parses (TextArena has a ``Taboo-v0-city/country``; a second '/' is not one). Raises
     :class:`RegistrationError` naming the pip extra when the library is missing."""
     fam = _families.get(namespace)
     if fam is None:
@@ -127,10 +128,18 @@ def family_names(namespace: str) -> list[str]:
     module, _, attr = fam.names.partition(":")
     try:
         fn = getattr(importlib.import_module(module), attr)
-        return sorted(fn())
+        return sorted(n for n in fn() if _is_id(f"{namespace}/{n}"))
     except ImportError as e:
         hint = f" (pip install 'agentrl[{fam.extra}]')" if fam.extra else ""
         raise RegistrationError(f"env family {namespace!r} needs a library that is not installed{hint}: {e}") from e
+
+
+def _is_id(id: str) -> bool:
+    try:
+        parse_env_id(id)
+    except gymnasium.error.Error:
+        return False
+    return True
 
 
 def _resolve_family(id: str) -> bool:

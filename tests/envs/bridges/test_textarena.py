@@ -156,6 +156,19 @@ def test_a_library_error_with_a_banner_is_told_by_its_text():
     assert describe(KeyError()) == "KeyError" and len(describe(ValueError("x" * 5000))) < 400
 
 
+def test_every_listed_game_is_an_id_that_can_be_made():
+    """TextArena names one variant 'Taboo-v0-city/country': as an id that has a second '/', which gymnasium refuses
+    to parse, so a family lists only the names that make an id."""
+    from gymnasium.envs.registration import parse_env_id
+
+    from agentrl.registration import family_names
+
+    names = family_names("textarena")
+    assert "GuessTheNumber-v0" in names and not [n for n in names if "/" in n]
+    for n in names:
+        parse_env_id(f"textarena/{n}")
+
+
 def test_games_that_cannot_run_say_why():
     with pytest.raises(ValueError, match="cannot be played by one player: AssertionError: The number of players has to be 2"):
         agentrl.make("textarena/ConnectFour-v0").reset(seed=0)
