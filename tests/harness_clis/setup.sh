@@ -13,6 +13,7 @@ CLIS=(
   "codex @openai/codex@0.169.0"
   "claude @anthropic-ai/claude-code@2.1.332"
   "gemini @google/gemini-cli@0.61.0"
+  "opencode opencode-ai@1.18.33"
 )
 t0=$(date +%s)
 mkdir -p "$ROOT"
@@ -53,10 +54,12 @@ cat > "$ROOT/env.sh" <<ENV
 # telemetry, error reports and update checks (each name checked in that CLI's code). Switches that live in config
 # files (Qwen Code's settings.json, Codex's config.toml) are written by the test into each run's home.
 export PATH="$NODE_BIN:$ROOT/qwen/node_modules/.bin:$ROOT/codex/node_modules/.bin:$ROOT/claude/node_modules/.bin:\
-$ROOT/gemini/node_modules/.bin:\$PATH"
+$ROOT/gemini/node_modules/.bin:$ROOT/opencode/node_modules/.bin:\$PATH"
 export DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 DISABLE_AUTOUPDATER=1 DISABLE_BUG_COMMAND=1
 export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY=1
 export QWEN_TELEMETRY_ENABLED=false
+export OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_MODELS_FETCH=1 OPENCODE_DISABLE_DEFAULT_PLUGINS=1
+export OPENCODE_DISABLE_LSP_DOWNLOAD=1 OPENCODE_DISABLE_SHARE=1
 ENV
 for entry in "${CLIS[@]}"; do
   read -r name spec <<<"$entry"

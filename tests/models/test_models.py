@@ -188,7 +188,7 @@ def test_tool_variant_is_its_own_model_with_a_tokenizer_for_its_env(tmp_path, to
 
 
 @pytest.mark.engine
-async def test_the_64k_variant_serves_prompts_past_the_old_4096_positions(tmp_path, tok):
+async def test_the_64k_variant_serves_prompts_past_the_old_4096_positions(tok):
     """Harness-sized prompts on the CPU: tiny-64k declares 65,536 positions, and vLLM serves a prompt twice as long as
     the 4,096 tiny declares, every sampled token with a finite log-prob. Its tokenizer is tiny's."""
     import math
@@ -197,7 +197,7 @@ async def test_the_64k_variant_serves_prompts_past_the_old_4096_positions(tmp_pa
     from agentrl.inference.vllm_engine import VLLMEngine
     from agentrl.models import ensure_tiny_model, read_marker
 
-    path = ensure_tiny_model(tmp_path / "m64k", variant="tiny-64k")
+    path = ensure_tiny_model(variant="tiny-64k")  # the shared cache, as the harness CLI tests use it
     assert read_marker(path)["spec"]["max_position_embeddings"] == 65536
     assert json.loads((path / "config.json").read_text())["max_position_embeddings"] == 65536
     prompt = tok("lookup calculator answer " * 3000, add_special_tokens=False)["input_ids"][:8192]
