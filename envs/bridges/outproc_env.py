@@ -6,7 +6,8 @@ library only, run as a file so the other venv needs no agentrl), reads its hello
 and ``step`` is one JSON line to the host's stdin and one back from its stdout. The host lives as long as the env (one
 env per host process, so libraries that seed the process-global ``random``, like GEM and TextArena, need no lock), and
 ``close`` ends it. Observations become chat messages: a string is one user message, a list of ``{role, content}``
-messages is taken as is, anything else is shown as JSON.
+messages is taken as is, anything else is shown as JSON. A step that sets both ``terminated`` and ``truncated`` is
+reported as terminated only.
 
 Invariants: every wait is bounded (``start_timeout_s`` for start-up and ``make``, ``call_timeout_s`` per call); a host
 that does not start, exits, times out (it is then killed, its whole process group) or answers outside the protocol
@@ -266,7 +267,9 @@ class HostedEnv(Env):
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise HostError(f"env host {self.python!r}: step returned reward {reward!r}, not a finite number")
         info = {**(info if isinstance(info, dict) else {}), "task_key": self.current_key}
-        return _as_messages(obs), float(reward), bool(terminated), bool(truncated), info
+        # GEM's single-turn tasks end with both flags set; an episode that terminated was not cut short (the manager
+        # reads it so too), and gymnasium's checker takes a truncation after one step for a broken env.
+        return _as_messages(obs), float(reward), bool(terminated), bool(truncated) and not terminated, info
 
     def close(self) -> None:
         if self._finalizer is not None:

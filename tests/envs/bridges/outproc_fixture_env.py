@@ -4,7 +4,8 @@ Count-down: reset(seed) draws a start in 3..6 from ``random.seed(seed)`` (the pr
 TextArena do); the action "down" subtracts one, and reaching 0 ends the episode with reward 1. It prints to stdout on
 every call (the host must keep that off the protocol). Faults: "raise" raises, "hang" sleeps, "crash" exits the
 process with code 3 after writing to stderr, "nan" returns a NaN reward, "banner" raises an error decorated for a
-terminal as nltk's are (a blank first line, rows of asterisks, a coloured name).
+terminal as nltk's are (a blank first line, rows of asterisks, a coloured name). "stop" ends the episode with both
+flags set, as GEM's single-turn tasks do.
 """
 
 import os
@@ -36,6 +37,8 @@ class CountDown:
             os._exit(3)
         if action == "banner":
             raise LookupError("\n" + "*" * 70 + "\n  Resource \x1b[93mwords\x1b[0m not found.\n" + "*" * 70 + "\n")
+        if action == "stop":
+            return "stopped", 0.5, True, True, {}
         if action == "nan":
             return "nan", float("nan"), False, False, {}
         if action == "down":

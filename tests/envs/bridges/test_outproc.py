@@ -66,6 +66,9 @@ def test_faults_become_clear_errors_and_the_host_never_lingers():
         assert env.step("wait")[0][0]["content"].startswith("now ")  # an env exception leaves the host usable
         with pytest.raises(HostError, match="step failed in the env: LookupError: Resource words not found.$"):
             env.step("banner")  # told on one line, without the terminal's decoration
+        # terminated and truncated at once (GEM's single-turn tasks): it terminated; a cut is only one that did not
+        assert env.step("stop")[1:4] == (0.5, True, False)
+        env.reset(seed=0)
         with pytest.raises(HostError, match="reward nan, not a finite number|reward 'nan', not a finite number"):
             env.step("nan")
         t0 = time.monotonic()
