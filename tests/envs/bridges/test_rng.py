@@ -124,3 +124,19 @@ def test_a_global_generator_other_than_mt19937_is_swapped_the_slow_exact_way():
         assert again != got and len(set(got + again)) == 6
     finally:
         np.random.set_bit_generator(saved)
+
+
+def test_a_new_mt19937_put_in_place_is_the_one_swapped():
+    """The byte view of numpy's state follows the bit generator in place: after ``set_bit_generator`` with another
+    MT19937, an owner's draws and the process's are those of the new one, not of memory the old one holds."""
+    saved = np.random.get_bit_generator()
+    rng.with_states(rng.RNGStates.seeded(1), lambda: None)  # the view of the generator in place now is made
+    np.random.set_bit_generator(np.random.MT19937(11))
+    try:
+        ref = np.random.RandomState(np.random.MT19937(11))
+        owner = rng.RNGStates.seeded(3)
+        got, owner = rng.with_states(owner, lambda: list(np.random.random_sample(3)))
+        assert got == list(np.random.RandomState(3).random_sample(3))
+        assert list(np.random.random_sample(2)) == list(ref.random_sample(2))  # the new generator's own stream
+    finally:
+        np.random.set_bit_generator(saved)
