@@ -422,13 +422,17 @@ TOOL_CALLS = {  # each CLI's own file-writing tool (names and arguments as its r
 async def test_harness_cli_runs_a_tool_call_through_gateway(name, gateway, cli_env, tok):
     """The model's first answer is a tool call (scripted, in the tiny model's own ``<tool_call>`` format, streamed
     token by token): the gateway sends it in the CLI's dialect, the CLI runs its tool (the file appears in the
-    sandbox's working directory), sends the result back, and the gateway continues the same session on the engine,
-    its capture exact across both requests."""
+    sandbox's working directory), sends the result back, and the gateway continues the same session (on the engine
+    for OpenCode, scripted "Done." for the CLIs with a free run), its capture exact across every request."""
     gw, sid, tmp = gateway, f"{name}-tool", _tmp(name)
     tool, args = TOOL_CALLS[name]
     call = tok.encode(f"<tool_call>\n{json.dumps({'name': tool, 'arguments': args})}\n</tool_call>",
                       add_special_tokens=False)
     gw.script[sid] = [call + [tok.eos_token_id]]
+    if name != "opencode":  # the answers after it are scripted too: the engine's own answers to harness prompts are
+        # the free runs' (test_harness_cli_against_gateway; 14k-34k-token prompts, up to MAX_TOKENS each, ~45 s of
+        # CI for Qwen Code's follow-ups alone). OpenCode has no free run: its answers after the call are the engine's.
+        gw.script[sid] += [tok.encode("Done.", add_special_tokens=False) + [tok.eos_token_id]] * 4
     try:
         argv, extra = CLIS[name][1](f"http://127.0.0.1:{gw.port}/s/{sid}", tmp / "home")
         rc, out, err = await sandboxed(argv, {**cli_env, **extra}, gw, tmp)
