@@ -13,7 +13,7 @@ Invariants:
   ``random.gauss`` and of numpy's legacy ``RandomState`` (``has_gauss``).
 - Cheap: ``random.getstate`` / ``numpy.random.get_state`` build a 625-number tuple (~10 µs and ~40 µs here) and a
   swap needs four of each: ~0.2 ms per library call, 10-40x the library's own step. The Mersenne Twister states are
-  copied instead as their 2,500 raw bytes, through byte views of their memory (~8 µs a guarded call in all): numpy's
+  copied instead as their 2,500 raw bytes, through byte views of their memory (~14 µs a guarded call in all): numpy's
   at its bit generator's public ``ctypes.state_address``, Python's in CPython's ``RandomObject`` struct right after
   the object header (not a public API). Each way is
   checked against ``get_state`` / ``getstate`` at import and left unused (the tuple way kept) if they differ.

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +20,7 @@ from aiohttp import web
 from agentrl.eval.hosted import HostedAPIError, HostedChatPolicy, HostedConfig, SpendLimit
 from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 from agentrl.policy import EpisodeMeta
+from agentrl.testing.vllm_server import vllm_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,40 +183,9 @@ def test_each_hosted_policy_kind_speaks_its_dialect_with_its_vendors_key_variabl
 # ------------------------------------------------------------------- against vLLM's own server (vllm serve)
 @pytest.fixture(scope="module")
 def vllm_serve(tiny_model_dir):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # the model in the engine-core process (as tests/inference/test_remote.py's server): up ~15 s sooner
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING", VLLM_CPU_OMP_THREADS_BIND="nobind",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
-           "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
-           "--host", "127.0.0.1", "--port", str(port), "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-           "--distributed-executor-backend", "uni"]
-    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"agentrl-test-vllm-serve-{port}.log"), "wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, f"vllm serve exited with {proc.returncode}; see {log.name}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"vllm serve not healthy after 300 s; see {log.name}"
-            time.sleep(1)
+    args = ["--served-model-name", "tiny", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    with vllm_server(str(tiny_model_dir), args) as port:
         yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        log.close()
 
 
 @pytest.mark.engine

@@ -8,12 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 
 import pytest
@@ -24,12 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentrl.inference.base import SamplingParams
 from agentrl.inference import WORKER_EXTENSION, EngineConfig, make_engine
 from agentrl.inference.remote import RemoteEngine, RemoteEngineError, versions_from_spans
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from agentrl.testing.vllm_server import free_port, vllm_server
 
 
 engine = pytest.mark.engine
@@ -37,43 +26,10 @@ engine = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    port = _free_port()
-    # nobind: on a 2-core host the session engine's worker is already pinned to core 0; let the OS place this one.
-    # The model in the engine-core process (vLLM's "uni" executor, which vLLM CPU keeps only with multiprocessing
-    # "off"; the API server's engine core still runs in a process of its own): the server is up ~15 s sooner.
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
-               VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir),
-           "--dtype", "float32", "--max-model-len", "2048", "--no-enable-chunked-prefill", "--enforce-eager", "--gpu-memory-utilization", "0.5",
-           "--host", "127.0.0.1", "--port", str(port), "--worker-extension-cls", WORKER_EXTENSION, "--enable-scale-out",
-           "--distributed-executor-backend", "uni"]
-    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"agentrl-test-vllm-server-{port}.log"), "wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with {proc.returncode}; see {log.name}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM server not healthy after 300 s; see {log.name}")
-            time.sleep(1)
-        yield url, port
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server and its engine-core/worker children
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        log.close()
+    args = ["--no-enable-chunked-prefill", "--gpu-memory-utilization", "0.5",
+            "--worker-extension-cls", WORKER_EXTENSION, "--enable-scale-out"]
+    with vllm_server(str(tiny_model_dir), args, {"VLLM_SERVER_DEV_MODE": "1"}) as port:
+        yield f"http://127.0.0.1:{port}", port
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +139,7 @@ async def test_abort_keeps_partial_tokens(server, tok):
 @engine
 async def test_dead_server_fails_over(server, tok):
     url, _ = server
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     eng = RemoteEngine([dead, url], max_retries=2)
     try:
         gen = await eng.generate(_prompt(tok), SamplingParams(max_tokens=3), request_id="r-failover", session_id="t")
