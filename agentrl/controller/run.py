@@ -315,6 +315,8 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
 
     trainer = create_trainer(cfg.trainer_config(), start_model, num_cpus=cfg.trainer_num_cpus,
                              num_gpus=1 if trainer_gpu(cfg, cluster_has_gpus()) else 0)
+    # The trainer imports vLLM's weight-transfer half while the engines start, not after them.
+    prepared = trainer.prepare_weight_broadcast.remote() if cfg.engine.broadcasts_weights() else None
     step0, history = 0, {}
     tasks = TaskLedger(cfg.env, seeds=held.train)
     if latest is not None:
@@ -333,7 +335,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
 
         lora = adapter_config(cfg.trainer.lora, start_model)
     engine = make_engine(dataclasses.replace(cfg.engine, model=str(start_model), lora=lora))
-    weights = WeightSync(trainer, engine)
+    weights = WeightSync(trainer, engine, prepared)
     writer = None
     make_policy, policy = policy or AgentLoopPolicy, None
     try:

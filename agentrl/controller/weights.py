@@ -30,7 +30,7 @@ def weight_path(engine: Any) -> str:
     from agentrl.inference.replicas import ReplicatedEngine
 
     if isinstance(engine, ReplicatedEngine):
-        return "broadcast" if engine.cfg.resolved_weight_sync() in ("nccl", "gloo") else "object_store"
+        return "broadcast" if engine.cfg.broadcasts_weights() else "object_store"
     from agentrl.inference.vllm_engine import VLLMEngine
 
     return "in_driver" if isinstance(engine, VLLMEngine) else "remote"
@@ -40,18 +40,22 @@ class WeightSync:
     """Pushes the trainer's weights to ``engine`` (see the module docstring). Call :meth:`start` once before the
     first :meth:`push`."""
 
-    def __init__(self, trainer: Any, engine: Any) -> None:
+    def __init__(self, trainer: Any, engine: Any, prepared: Any = None) -> None:
+        """``prepared``: the trainer's ``prepare_weight_broadcast`` call, made while the engines started."""
         self.trainer, self.engine = trainer, engine
         self.path = weight_path(engine)
+        self._prepared = prepared
         self._joined = False
 
     async def start(self) -> None:
         if self.path != "broadcast" or self._joined:
             return
+        if self._prepared is not None:
+            await self._prepared
         # rank 0 hosts the transfer group's rendezvous: its node's address and a port free there now
         address, port = await self.trainer.rendezvous.remote()
-        info = self.engine.trainer_init_info(address, port)
-        await self.trainer.join_weight_broadcast.remote(info, self.engine.weight_sync_client())
+        args = self.engine.trainer_init_args(address, port)  # the trainer builds vLLM's init info from them
+        await self.trainer.join_weight_broadcast.remote(args, self.engine.weight_sync_client())
         self._joined = True
 
     async def push(self, version: int) -> dict[str, Any]:

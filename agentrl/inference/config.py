@@ -176,9 +176,13 @@ class EngineConfig:
             return self.weight_sync
         return "rpc" if self.backend == "vllm" else "http"
 
+    def broadcasts_weights(self) -> bool:
+        """Whether the trainer sends weights straight to the engines' workers (``nccl``/``gloo``)."""
+        return self.backend == "vllm" and self.resolved_weight_sync() in ("nccl", "gloo")
+
     def uses_replica_actors(self) -> bool:
         """Whether the engines run as Ray actors (:class:`~agentrl.inference.replicas.ReplicatedEngine`)."""
-        return self.backend == "vllm" and (self.replicas > 1 or self.resolved_weight_sync() in ("nccl", "gloo"))
+        return self.backend == "vllm" and (self.replicas > 1 or self.broadcasts_weights())
 
     def resolved_model(self) -> str:
         """The model path to load: a tiny variant's name (``"tiny"``, ``"tiny-tool"``) is built (if missing) and

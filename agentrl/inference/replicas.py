@@ -136,7 +136,7 @@ class ReplicatedEngine(InferenceEngine):
 
     Extra API: :attr:`model_path`, :attr:`max_model_len`, :attr:`start_times_s`, :meth:`get_tokenizer`,
     :meth:`prompt_logprobs`, :meth:`weights_digests`, :meth:`replica_versions`, :meth:`replica_for`,
-    :meth:`end_session`, and the broadcast API :meth:`weight_sync_client`, :meth:`trainer_init_info`,
+    :meth:`end_session`, and the broadcast API :meth:`weight_sync_client`, :meth:`trainer_init_args`,
     :meth:`commit_weight_update`.
     """
 
@@ -327,15 +327,15 @@ class ReplicatedEngine(InferenceEngine):
         return ReplicaWeightSyncClient([self.replicas[i] for i in self._live()], self.cfg.tensor_parallel_size,
                                        self.cfg.pause_mode)
 
-    def trainer_init_info(self, master_address: str, master_port: int, *, rank: int = 0, **extra: Any) -> Any:
-        """vLLM's trainer-side init info for ``cfg.weight_sync`` with the group size of these replicas
-        (1 sender + replicas x tensor_parallel_size workers)."""
-        from agentrl.inference.weight_transfer import trainer_init_info
-
+    def trainer_init_args(self, master_address: str, master_port: int, *, rank: int = 0, **extra: Any) -> dict:
+        """The arguments of vLLM's trainer-side init info for these replicas (1 sender + replicas x
+        tensor_parallel_size workers), as a plain dict: the trainer makes the info of it
+        (:func:`agentrl.inference.weight_transfer.trainer_init_info`), so that the driver need not import vLLM's
+        weight-transfer modules (~12 s of a core on the CPU) for a dataclass only the trainer reads."""
         self._require_broadcast()
         world = 1 + len(self._live()) * self.cfg.tensor_parallel_size
-        return trainer_init_info(self.cfg.resolved_weight_sync(), master_address, master_port, world, rank=rank,
-                                 **extra)
+        return dict(weight_sync=self.cfg.resolved_weight_sync(), master_address=master_address,
+                    master_port=master_port, world_size=world, rank=rank, **extra)
 
     async def commit_weight_update(self, version: int) -> None:
         """After the trainer's ``send_weights``: labels the received weights ``version`` on every replica and

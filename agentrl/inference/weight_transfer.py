@@ -13,11 +13,11 @@ Who calls what (the trainer half is wired by the trainer; the engine half is
     # driver, once
     engine = make_engine(cfg)                                  # cfg.weight_sync = "nccl" or "gloo"
     client = engine.weight_sync_client()                       # picklable; give it to every trainer rank
-    info = engine.trainer_init_info(master_address, port)      # world_size = 1 + replicas * tensor_parallel_size
+    args = engine.trainer_init_args(master_address, port)      # a dict; world_size = 1 + replicas * tp size
     # every trainer rank r (rank 0 is the sender; the others only join the trainer-side gathers)
     from vllm.distributed.weight_transfer import WeightTransferTrainerFactory, ModuleSource
-    import agentrl.inference.weight_transfer                   # registers "agentrl_gloo" in this process
-    sender = WeightTransferTrainerFactory.trainer_init(dataclasses.replace(info, rank=r), client=client,
+    from agentrl.inference.weight_transfer import trainer_init_info   # registers "agentrl_gloo" in this process
+    sender = WeightTransferTrainerFactory.trainer_init(trainer_init_info(**dict(args, rank=r)), client=client,
                                                        source=source)   # rendezvous with every replica's workers
     # each weight sync
     sender.send_weights()              # every rank; rank 0 drives: replicas pause, receive, finish (still paused)

@@ -89,10 +89,16 @@ class TrainerWorker:
         return [ray.put(self.trainer.state_dict_for_inference())]
 
     # The broadcast weight path (agentrl.trainer.weight_broadcast): join once, then send after each update.
-    def join_weight_broadcast(self, init_info: Any, client: Any, rank: int = 0) -> None:
+    def prepare_weight_broadcast(self) -> None:
+        """Imports vLLM's weight-transfer half (~12 s of a core on the CPU); called while the engines start, so
+        that joining after them does not wait for it."""
+        import agentrl.trainer.weight_broadcast  # noqa: F401
+        import agentrl.inference.weight_transfer  # noqa: F401
+
+    def join_weight_broadcast(self, init_args: dict[str, Any], client: Any, rank: int = 0) -> None:
         from agentrl.trainer.weight_broadcast import WeightSender
 
-        self._sender = WeightSender(self.trainer, init_info, client, rank)
+        self._sender = WeightSender(self.trainer, init_args, client, rank)
 
     def broadcast_weights(self) -> dict[str, float]:
         sender = getattr(self, "_sender", None)

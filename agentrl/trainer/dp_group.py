@@ -161,7 +161,7 @@ class TrainerGroup:
     METHODS = ("ping", "get_version", "get_optimizer_steps", "train_step", "sft_step", "compute_logprobs",
                "start_step", "accumulate", "finish_step", "abort_step", "take_logprob_records",
                "state_dict_for_inference", "state_dict_ref", "save_checkpoint", "load_checkpoint", "pid",
-               "rendezvous", "join_weight_broadcast", "broadcast_weights")
+               "rendezvous", "prepare_weight_broadcast", "join_weight_broadcast", "broadcast_weights")
 
     def __init__(self, config: TrainerConfig, actors: list[Any], placement_group: Any, info: list[dict]) -> None:
         self.config = config
@@ -256,10 +256,13 @@ class TrainerGroup:
     def _rendezvous(self) -> GroupCall:
         return self._call("rendezvous", ranks=[0])
 
-    def _join_weight_broadcast(self, init_info: Any, client: Any, rank: int = 0) -> GroupCall:
+    def _prepare_weight_broadcast(self) -> GroupCall:
+        return self._all("prepare_weight_broadcast")
+
+    def _join_weight_broadcast(self, init_args: dict[str, Any], client: Any, rank: int = 0) -> GroupCall:
         # every rank joins (rank 0 sends; the others take part in a sharded model's gathers)
         return self._call("join_weight_broadcast",
-                          [((init_info, client), {"rank": r}) for r in range(self.world_size)])
+                          [((init_args, client), {"rank": r}) for r in range(self.world_size)])
 
     def _broadcast_weights(self) -> GroupCall:
         return self._all("broadcast_weights")

@@ -1,7 +1,7 @@
 """The trainer's half of the broadcast weight path (``engine.weight_sync: nccl`` on GPUs, ``gloo`` on CPUs).
 
-Every trainer rank joins vLLM's weight-transfer group once (:meth:`WeightSender.join`, with the init info and the
-control-plane client the driver got from the engine); after each update every rank calls :meth:`WeightSender.send`
+Every trainer rank joins vLLM's weight-transfer group once (a :class:`WeightSender`, with the init arguments and
+the control-plane client the driver got from the engine); after each update every rank calls :meth:`WeightSender.send`
 (rank 0 broadcasts, the others only take part in the gathers a sharded model needs). The driver then labels the
 new version on the engines (``ReplicatedEngine.commit_weight_update``). The weights never pass through the driver
 or the object store. The engine half and the protocol are :mod:`agentrl.inference.weight_transfer`.
@@ -13,7 +13,6 @@ tensors, and a LoRA sync moves the adapter's bytes, not the model's.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -45,15 +44,17 @@ def _source_class() -> type:
 class WeightSender:
     """One trainer rank's sender. ``rank`` 0 drives the engines; the protocol is vLLM's (see module docstring)."""
 
-    def __init__(self, trainer: Any, init_info: Any, client: Any, rank: int) -> None:
+    def __init__(self, trainer: Any, init_args: dict[str, Any], client: Any, rank: int) -> None:
+        """``init_args``: the engine's ``trainer_init_args`` (a plain dict, so that the driver that passes them on
+        never imports vLLM's weight-transfer modules); vLLM's init info is made of them here."""
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
-        import agentrl.inference.weight_transfer  # noqa: F401  (registers the gloo backend in this process)
+        from agentrl.inference.weight_transfer import trainer_init_info  # also registers the gloo backend here
 
         self.rank = rank
         self.source = _source_class()(trainer)
         # Rank 0 blocks here until every engine worker has joined the group.
-        self.engine = WeightTransferTrainerFactory.trainer_init(dataclasses.replace(init_info, rank=rank),
+        self.engine = WeightTransferTrainerFactory.trainer_init(trainer_init_info(**dict(init_args, rank=rank)),
                                                                 client=client, source=self.source)
 
     def send(self) -> dict[str, float]:

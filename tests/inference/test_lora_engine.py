@@ -265,7 +265,7 @@ class _Broadcast:
             real(group, tensor)
 
         monkeypatch.setattr(weight_transfer, "_broadcast", counted)
-        self.sender = WeightSender(trainer, engine.trainer_init_info(*free_port()), engine.weight_sync_client(), 0)
+        self.sender = WeightSender(trainer, engine.trainer_init_args(*free_port()), engine.weight_sync_client(), 0)
 
     async def push(self, version: int) -> int:
         self.wire.clear()

@@ -177,12 +177,12 @@ async def test_trainer_broadcast_through_vllm_weight_transfer(eng, tok, original
     commits the version. A wrong update is refused before anything pauses."""
     from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 
-    import agentrl.inference.weight_transfer  # noqa: F401  (registers agentrl_gloo in this process)
+    from agentrl.inference.weight_transfer import trainer_init_info  # (also registers agentrl_gloo here)
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     new = _perturbed(original, seed=13)
     model.load_state_dict(new, strict=False)
-    info = eng.trainer_init_info("127.0.0.1", _free_port())
+    info = trainer_init_info(**eng.trainer_init_args("127.0.0.1", _free_port()))
     assert info.world_size == 3  # the sender and one worker per replica
     sender = await asyncio.to_thread(WeightTransferTrainerFactory.trainer_init, info,
                                      client=eng.weight_sync_client(), source=ModuleSource(model))
@@ -208,7 +208,7 @@ async def test_trainer_broadcast_through_vllm_weight_transfer(eng, tok, original
                 return [dataclasses.replace(m, name=m.name.replace("mlp", "ffn")) for m in super().metadata()]
 
         bad = await asyncio.to_thread(WeightTransferTrainerFactory.trainer_init,
-                                      eng.trainer_init_info("127.0.0.1", _free_port()),
+                                      trainer_init_info(**eng.trainer_init_args("127.0.0.1", _free_port())),
                                       client=eng.weight_sync_client(), source=Renamed(model))
         with pytest.raises(ValueError, match="unknown tensors"):
             await asyncio.to_thread(bad.send_weights)
