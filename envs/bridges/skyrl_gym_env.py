@@ -20,9 +20,12 @@ sandbox_binds=[<the tasks' dir>])`` (:mod:`.outproc_env`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib
 import json
 import math
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,27 @@ except ImportError as e:  # an optional extra: say which
 def env_names() -> list[str]:
     """SkyRL-Gym's registered env ids (the ``skyrl_gym/<id>`` names)."""
     return sorted(skyrl_gym.registry)
+
+
+def env_config_for(env: str, given: dict[str, Any]) -> Any:
+    """The ``env_config`` SkyRL's env ``env`` reads. SkyRL's trainer hands its envs an OmegaConf config, and some
+    read it by attribute (``env_config.search_url``); the defaults are the config dataclass the env's constructor
+    names in its ``env_config`` annotation (``SearchEnvConfig``...), overridden by ``given``. Raises ValueError
+    naming a key the env's config does not have."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    module, _, name = str(skyrl_gym.registry[env].entry_point).partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    try:
+        annotation = typing.get_type_hints(cls.__init__).get("env_config")
+    except Exception:  # an annotation that does not resolve: no defaults to take from it
+        annotation = None
+    schemas = [a for a in (typing.get_args(annotation) or (annotation,)) if dataclasses.is_dataclass(a)]
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schemas[0]) if schemas else OmegaConf.create({}), given)
+    except OmegaConfBaseException as e:
+        raise ValueError(f"skyrl_gym/{env}: env_config: {str(e).splitlines()[0]}") from None
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -61,7 +85,8 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
 
 class SkyRLGymEnv(Env):
     """One SkyRL-Gym env per episode, made from a dataset row (see the module docstring). kwargs: ``env`` (set by
-    the id), ``tasks`` (the JSONL rows), ``env_config`` (SkyRL's per-env config dict, default empty)."""
+    the id), ``tasks`` (the JSONL rows), ``env_config`` (SkyRL's per-env config: a dict over the env's defaults,
+    :func:`env_config_for`)."""
 
     description = "SkyRL-Gym env, made per dataset row (kwarg tasks=rows.jsonl)"
 
@@ -70,7 +95,7 @@ class SkyRLGymEnv(Env):
         if env not in skyrl_gym.registry:
             raise ValueError(f"SkyRLGymEnv: unknown env {env!r}; SkyRL-Gym has {env_names()}")
         self.env_id, self.rows = env, load_rows(tasks)
-        self.env_config = dict(env_config or {})
+        self.env_config = env_config_for(env, env_config or {})
         self.sky: Any = None
         self.current_key = ""
         self.done = True

@@ -68,3 +68,66 @@ async def test_64_episodes_at_once_through_the_manager_are_reproducible():
     assert [t.error for t in first + again] == [None] * 72
     assert all(t.reward == 1.0 and t.num_turns == 1 and t.termination == "terminated" for t in first + again)
     assert [t.messages for t in first[:8]] == [t.messages for t in again]
+
+
+def _rows(path: Path, *rows: dict) -> str:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_envs_that_read_their_config_by_attribute_get_it_with_its_defaults(tmp_path):
+    """SkyRL's search and text2sql read ``env_config.search_url`` / ``.db_path``: SkyRL's trainer hands them an
+    OmegaConf config, and a plain dict failed at ``reset`` with an AttributeError. The env's own config dataclass
+    gives the defaults; ``env_config`` overrides them, and a key the env does not have is refused by name."""
+    import http.server
+    import json
+    import sqlite3
+    import threading
+
+    asked = []
+
+    class Retriever(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            asked.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps({"result": [[{"document": {"contents": "Paris is the capital of France."}}]]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Retriever)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rows = _rows(tmp_path / "search.jsonl", {"prompt": "Capital of France?", "reward_spec": {"ground_truth":
+                                                 {"target": ["Paris"]}}})
+        url = f"http://127.0.0.1:{server.server_address[1]}/retrieve"
+        env = agentrl.make("skyrl_gym/search", tasks=rows, env_config={"search_url": url})
+        env.reset(seed=0)
+        obs, reward, terminated, _, _ = env.step("<search>capital of France</search>")
+        assert "Paris is the capital of France." in obs[0]["content"] and not terminated
+        assert asked == [{"query": "capital of France", "topk": 3, "return_scores": True}]  # topk: the default
+        assert env.step("<answer>Paris</answer>")[1:3] == (1.0, True)
+    finally:
+        server.shutdown()
+
+    db = tmp_path / "sql" / "spider" / "database" / "shop" / "shop.sqlite"
+    db.parent.mkdir(parents=True)
+    with sqlite3.connect(db) as conn:
+        conn.executescript("CREATE TABLE item(name TEXT, price INT); INSERT INTO item VALUES ('pen', 2), ('cup', 5);")
+    rows = _rows(tmp_path / "sql.jsonl", {"prompt": "The dearest item?", "db_id": "shop", "data": "spider",
+                                          "reward_spec": {"ground_truth": "SELECT name FROM item ORDER BY price DESC LIMIT 1"}})
+    env = agentrl.make("skyrl_gym/text2sql", tasks=rows, env_config={"db_path": str(tmp_path / "sql")})
+    env.reset(seed=0)
+    assert "cup" in env.step("<think>dear</think><sql>SELECT name FROM item WHERE price > 3</sql>")[0][0]["content"]
+    assert env.step("<think>cup</think><solution>SELECT name FROM item WHERE price = 5</solution>")[1:3] == (1.0, True)
+    env.reset(seed=0)  # SkyRL's format rule (a <think> first): -1
+    assert env.step("<solution>SELECT name FROM item WHERE price = 5</solution>")[1:3] == (-1.0, True)
+
+    with pytest.raises(ValueError, match=r"skyrl_gym/search: env_config: .*serch_url"):
+        agentrl.make("skyrl_gym/search", tasks=rows, env_config={"serch_url": "http://x"}).reset(seed=0)
