@@ -189,7 +189,7 @@ def check_env_id(env_id: str, *, seed: int = 0, max_steps: int = 50,
     try:
         env = agentrl.make(env_id, **(env_kwargs or {}))
         stage = "spaces"
-        _text_spaces(env)
+        _text_spaces(env, env_id)
         stage = "check_env"
         _gymnasium_check(env.unwrapped)
         notes.append("check_env ok")
@@ -219,7 +219,7 @@ def check_env_id(env_id: str, *, seed: int = 0, max_steps: int = 50,
                 pass
 
 
-def _text_spaces(env: Any) -> None:
+def _text_spaces(env: Any, env_id: str) -> None:
     """A gymnasium env whose observations or actions are not text (CartPole's Box, FrozenLake's Discrete) failed
     later with an unrelated TypeError; say what is wrong."""
     from gymnasium import spaces
@@ -228,8 +228,10 @@ def _text_spaces(env: Any) -> None:
 
     obs, act = env.observation_space, env.action_space
     if not isinstance(obs, (MessagesSpace, TextSpace, spaces.Text)) or not isinstance(act, (TextSpace, spaces.Text)):
+        fix = (f"make it as 'gymnasium/{env_id}', which puts both into text" if "/" not in env_id else
+               "wrap this env so that both are text")
         raise _CheckFailed(f"observations {obs}, actions {act}: an agentrl env takes text actions and gives text or "
-                           f"chat-message observations; wrap this env so that both are text (README, 'Environments')")
+                           f"chat-message observations; {fix} (README, 'Environments')")
 
 
 def _gymnasium_check(env: Any) -> None:

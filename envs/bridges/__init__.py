@@ -10,6 +10,7 @@ id                           what                                           extr
 ``openenv/Client-v0``        a remote OpenEnv server (``url=``), over /ws   ``agentrl[openenv]``
 ``nemo_gym/Gymnasium-v0``    a NeMo Gym /reset + /step server (``url=``)    none (stdlib HTTP)
 ``nemo_gym/Tools-v0``        a NeMo Gym tool + /verify server (``url=``)    none (stdlib HTTP)
+``gymnasium/<env id>``       a gymnasium env, its spaces put into text      none
 ``gem/<env id>``             a GEM env, in GEM's own venv (out of process)  its venv: see gem_env
 ``outproc/Env-v0``           any env made by ``factory=`` in another Python none (its own venv)
 ============================ ============================================== =========================
@@ -38,6 +39,9 @@ _FAMILIES = {
     "skyrl_gym": dict(entry_point="agentrl.envs.bridges.skyrl_gym_env:SkyRLGymEnv", name_kwarg="env",
                       names="agentrl.envs.bridges.skyrl_gym_env:env_names", extra="skyrl-gym", max_episode_steps=32,
                       description="SkyRL-Gym env, made per dataset row (kwarg tasks=rows.jsonl)"),
+    "gymnasium": dict(entry_point="agentrl.envs.bridges.gymnasium_text:GymnasiumTextEnv", name_kwarg="env",
+                      names="agentrl.envs.bridges.gymnasium_text:env_names",
+                      description="gymnasium env with its observations and actions put into text"),
     "gem": dict(entry_point="agentrl.envs.bridges.gem_env:GEMEnv", name_kwarg="env",
                 names="agentrl.envs.bridges.gem_env:env_names", max_episode_steps=64,
                 description="GEM env, run unchanged in GEM's own venv (python -m agentrl.envs.bridges.gem_env setup)"),
