@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = ("envs", "sandboxes", "models", "rollout", "train", "eval", "view", "gateway", "simulate")
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("agentrl: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`agentrl envs list | head`): no traceback, and none at exit's flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +153,15 @@ def test_console_script_list_and_check_all():
 def test_console_script_exit_code_on_failure():
     result = _run("envs", "check", "agentrl/NoSuchEnv-v0")
     assert result.returncode == 1 and "FAIL" in result.stdout
+
+
+def test_a_reader_that_leaves_gets_no_traceback():
+    # The pipe's read end is closed before the command writes, so its first write fails, as under `| head -1`.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        p = subprocess.run([str(AGENTRL_SCRIPT), "envs", "list"], stdout=write, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+    finally:
+        os.close(write)
+    assert p.returncode == 1 and p.stderr == "", p.stderr[-2000:]
