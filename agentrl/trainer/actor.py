@@ -92,7 +92,6 @@ class TrainerWorker:
     def prepare_weight_broadcast(self) -> None:
         """Imports vLLM's weight-transfer half (~12 s of a core on the CPU); called while the engines start, so
         that joining after them does not wait for it."""
-        import agentrl.trainer.weight_broadcast  # noqa: F401
         import agentrl.inference.weight_transfer  # noqa: F401
 
     def join_weight_broadcast(self, init_args: dict[str, Any], client: Any, rank: int = 0) -> None:

@@ -12,7 +12,7 @@ Observations as text: the ansi rendering when the env has one (a highlighted cel
 brackets), then the observation itself: a Discrete's integer, a Box's numbers to ``digits`` significant digits,
 Tuple and Dict as JSON.
 
-Actions from text: the answer is the text inside the last ``<answer>...</answer>``, or the whole text without one.
+Actions from text: the answer is read as every built-in env reads it (:func:`agentrl.envs.utils.answer_or_text`).
 Discrete: an integer of the space or one of its action names (case-insensitive); Box: as many numbers as the space
 holds (a JSON list, or separated by spaces or commas), clipped to its bounds; MultiDiscrete and MultiBinary:
 integers the space contains. An answer that does not parse never reaches the inner env: the step pays
@@ -35,6 +35,7 @@ import numpy as np
 from gymnasium import spaces
 
 from agentrl.core import Env, Message, MessagesSpace, StepResult, TextSpace
+from agentrl.envs.utils import answer_or_text, preview
 
 # The meaning of each Discrete action of the classic envs, from gymnasium's documentation of each.
 ACTION_NAMES = {
@@ -50,7 +51,6 @@ ACTION_NAMES = {
 }
 _HIGHLIGHT = re.compile(r"\x1b\[[0-9;]*m(.*?)\x1b\[0m", re.S)
 _ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf|nan", re.I)
 
 
@@ -138,28 +138,27 @@ class GymnasiumTextEnv(Env):
 
     def parse_action(self, text: str) -> Any:
         """The inner env's action for the model's ``text``; raises ValueError saying what was expected."""
-        found = _ANSWER.findall(str(text))
-        answer = (found[-1] if found else str(text)).strip()
+        answer = answer_or_text(str(text))
         space = self.inner.action_space
         if isinstance(space, spaces.Text):
             if not space.contains(answer):
-                raise ValueError(f"{answer[:40]!r} is not a text of {space}")
+                raise ValueError(f"{preview(answer)!r} is not a text of {space}")
             return answer
         if isinstance(space, spaces.Discrete):
             if self.names and answer.lower() in self.names:
                 return int(space.start) + self.names.index(answer.lower())
             if re.fullmatch(r"[-+]?\d+", answer) and space.contains(int(answer)):
                 return int(answer)
-            raise ValueError(f"{answer[:40]!r} is not one of the actions")
+            raise ValueError(f"{preview(answer)!r} is not one of the actions")
         numbers = [float(x) for x in _NUMBER.findall(answer)]
         size = int(np.prod(space.shape))
         if len(numbers) != size or not all(np.isfinite(numbers)):
-            raise ValueError(f"{answer[:40]!r} has {len(numbers)} numbers, an action {size} finite ones")
+            raise ValueError(f"{preview(answer)!r} has {len(numbers)} numbers, an action {size} finite ones")
         if isinstance(space, spaces.Box):
             return np.clip(np.asarray(numbers, dtype=space.dtype).reshape(space.shape), space.low, space.high)
         action = np.asarray(numbers).reshape(space.shape)
         if not np.all(action == np.round(action)) or not space.contains(action.astype(space.dtype)):
-            raise ValueError(f"{answer[:40]!r} is not an action of {space}")
+            raise ValueError(f"{preview(answer)!r} is not an action of {space}")
         return action.astype(space.dtype)
 
     # ---- Env -----------------------------------------------------------------------------------------------
