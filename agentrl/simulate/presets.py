@@ -13,7 +13,11 @@ bandwidth:
   i.e. 6.5 ms a step (https://buildkite.com/vllm/performance-benchmark/builds/9515); the model below gives 4.5 ms
   + 8 x 0.029 ms + prefill, so it is optimistic on the fastest memory (a fixed per-step CPU cost it omits).
 
-So ``decode_step_s = weight bytes / (bandwidth x 0.75)``. The per-sequence cost is the batch's compute: fitted to
+So ``decode_step_s = weight bytes / (bandwidth x 0.75)``. Measured on an H200 here (``benchmarks/bench_decode_gpu.py``,
+plain PyTorch under CUDA graphs, BENCHMARKS.md): the step's matmuls read Llama-3.1-8B's weights at 4.0 TB/s (0.84 of
+the datasheet), but the rest of a small-batch step (norms, rotary, cache writes, attention) costs a fixed ~60-70 us
+per layer, so at batch 1-8 this model gives 0.67-0.75 of the measured step (0.26-0.43 at 1.5B); ``Hardware.layer_s``
+adds such a per-layer term (default 0). The per-sequence cost is the batch's compute: fitted to
 Llama-3.1-8B's peak vLLM output throughput on one H100, ~12,500 tokens/s (FlashInfer, max_num_seqs 256;
 https://www.morphllm.com/vllm-benchmarks): at 256 sequences a step is 20.5 ms, of which 6.5 ms weights and ~6.7 ms
 KV reads (ShareGPT contexts, ~500 tokens), leaving 7.3 ms / 256 = 29 us a sequence = 2 x 8e9 FLOPs / (989 TFLOP/s x
@@ -81,6 +85,10 @@ class Hardware:
     trainer_gpus: int = 0
     tp: int = 1
     mfu: float = 0.3
+    layer_s: float = 0.0
+    """Fixed seconds per layer per decode step, on top of the weight read: the norms, rotary embedding, cache
+    writes and small kernels that do not shrink with bandwidth. 0 keeps the published-figure calibration (which
+    folds them into ``BANDWIDTH_EFF``); ~6e-5 is the floor measured on an H200 (module docstring)."""
 
     def validate(self) -> None:
         if self.gpu not in GPUS:
@@ -95,6 +103,8 @@ class Hardware:
                              f"tp={self.tp}")
         if not 0 < self.mfu <= 1:
             raise ValueError(f"hardware.mfu must be in (0, 1], got {self.mfu}")
+        if not 0 <= self.layer_s < 1:
+            raise ValueError(f"hardware.layer_s must be in [0, 1) seconds, got {self.layer_s}")
 
 
 def engine_model(hw: Hardware) -> EngineModel:
@@ -107,7 +117,7 @@ def engine_model(hw: Hardware) -> EngineModel:
     return EngineModel(
         replicas=(hw.gpus - hw.trainer_gpus) // hw.tp,
         prefill_s_per_token=2 * params / (peak * PREFILL_MFU) * scale,
-        decode_step_s=weight_bytes / (bw * BANDWIDTH_EFF) * scale,
+        decode_step_s=(weight_bytes / (bw * BANDWIDTH_EFF) + layers * hw.layer_s) * scale,
         decode_step_s_per_seq=2 * params / (peak * DECODE_MFU) * scale,
         decode_step_s_per_ktoken=kv_bytes_per_token * 1000 / (bw * BANDWIDTH_EFF) * scale,
         sync_s=SYNC_FIXED_S + weight_bytes / SYNC_BYTES_S,

@@ -17,6 +17,14 @@ def test_presets_reproduce_the_cited_vllm_figures():
     assert 256 / step == pytest.approx(12_500, rel=0.05)  # peak output tokens/s at 256 sequences
 
 
+def test_a_per_layer_decode_cost_adds_layers_times_it_to_every_step_and_nothing_else():
+    base = engine_model(Hardware(gpu="H200", model="Llama-3.1-8B", gpus=1))
+    floor = engine_model(Hardware(gpu="H200", model="Llama-3.1-8B", gpus=1, layer_s=6e-5))
+    assert floor.decode_step_s - base.decode_step_s == pytest.approx(32 * 6e-5)
+    assert (floor.decode_step_s_per_seq, floor.decode_step_s_per_ktoken, floor.prefill_s_per_token) == (
+        base.decode_step_s_per_seq, base.decode_step_s_per_ktoken, base.prefill_s_per_token)
+
+
 def test_hardware_lays_out_replicas_and_trainer_ranks():
     hw = Hardware(gpu="H800", model="Qwen2.5-7B", gpus=32, trainer_gpus=8, tp=2)
     assert engine_model(hw).replicas == 12 and trainer_fields(hw)["gpus"] == 8
@@ -33,7 +41,7 @@ def test_hardware_lays_out_replicas_and_trainer_ranks():
 
 @pytest.mark.parametrize("bad, match", [
     ({"gpu": "V100"}, "hardware.gpu"), ({"model": "gpt-5"}, "hardware.model"),
-    ({"gpus": 8, "trainer_gpus": 8}, "trainer_gpus < gpus"), ({"gpus": 8, "trainer_gpus": 1, "tp": 2}, "multiple of"),
+    ({"gpus": 8, "trainer_gpus": 8}, "trainer_gpus < gpus"), ({"layer_s": -1e-5}, "hardware.layer_s"), ({"gpus": 8, "trainer_gpus": 1, "tp": 2}, "multiple of"),
 ])
 def test_bad_hardware_is_refused_by_name(bad, match):
     with pytest.raises(ValueError, match=match):
