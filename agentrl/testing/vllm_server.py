@@ -1,5 +1,6 @@
 """vLLM's own OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``), started for a test with a
-local model on 127.0.0.1: its log in ``$TMPDIR``, up once ``/health`` answers, its whole process group ended on exit.
+local model on 127.0.0.1: its log in ``$TMPDIR``, up once ``/health`` answers, its whole process group ended on exit,
+and its log removed unless the server failed to start or the test failed (then the error names it).
 
 The model runs in the engine-core process (vLLM's ``uni`` executor, which vLLM CPU keeps only with multiprocessing
 off; the API server's engine core still runs in a process of its own): the server is up ~15 s sooner on the CPU.
@@ -37,13 +38,22 @@ def vllm_server(model: str, args: list[str], env: dict[str, str] | None = None,
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "float32",
            "--max-model-len", "2048", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
            "--distributed-executor-backend", "uni", *args]
+    with serve(cmd, env, port, ready_s, "vLLM server") as p:
+        yield p
+
+
+@contextlib.contextmanager
+def serve(cmd: list[str], env: dict[str, str], port: int, ready_s: float, what: str) -> Iterator[int]:
+    """Runs ``cmd`` in a process group of its own, logging to ``$TMPDIR``; yields ``port`` once
+    ``http://127.0.0.1:PORT/health`` answers 200. The log is kept only when something went wrong."""
     log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"agentrl-test-vllm-server-{port}.log"), "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    ok = False
     try:
         deadline = time.monotonic() + ready_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with {proc.returncode}; see {log.name}")
+                raise RuntimeError(f"{what} exited with {proc.returncode}; see {log.name}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                     if r.status == 200:
@@ -51,9 +61,10 @@ def vllm_server(model: str, args: list[str], env: dict[str, str] | None = None,
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM server not healthy after {ready_s:.0f} s; see {log.name}")
+                raise RuntimeError(f"{what} not healthy after {ready_s:.0f} s; see {log.name}")
             time.sleep(1)
         yield port
+        ok = True
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # the server and its engine-core child
@@ -63,3 +74,5 @@ def vllm_server(model: str, args: list[str], env: dict[str, str] | None = None,
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
         log.close()
+        if ok:
+            os.unlink(log.name)
