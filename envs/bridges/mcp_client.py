@@ -18,6 +18,7 @@ import asyncio
 import builtins
 import concurrent.futures
 import contextlib
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -277,15 +278,48 @@ def _tool_spec(tool: Any) -> ToolSpec:
 
 
 def _result_text(result: Any) -> tuple[bool, str]:
-    """``(is_error, text)`` of a ``CallToolResult``: its text blocks joined (other blocks named by type)."""
-    parts = []
-    for block in getattr(result, "content", None) or []:
-        text = getattr(block, "text", None)
-        parts.append(text if isinstance(text, str) else f"[{getattr(block, 'type', 'content')}]")
-    if not parts and getattr(result, "structured_content", None) is not None:
-        parts.append(str(result.structured_content))
+    """``(is_error, text)`` of a ``CallToolResult``: one part per content block (:func:`_block_text`), or its
+    structured content as JSON when it has no blocks."""
+    parts = [_block_text(block) for block in getattr(result, "content", None) or []]
+    structured = getattr(result, "structured_content", None)
+    if structured is None:
+        structured = getattr(result, "structuredContent", None)
+    if not parts and structured is not None:
+        parts.append(json.dumps(structured, default=str))
     is_error = bool(getattr(result, "is_error", None) or getattr(result, "isError", False))
     return is_error, "\n".join(parts)
+
+
+def _block_text(block: Any) -> str:
+    """What a text model can use of one content block: text as is; an embedded text resource's text under its URI;
+    a binary resource, a resource link, an image or audio as a line naming its URI, name, type and size."""
+    kind = getattr(block, "type", "content")
+    text = getattr(block, "text", None)
+    if isinstance(text, str):
+        return text
+    mime = getattr(block, "mime_type", None) or getattr(block, "mimeType", None)
+    if kind == "resource":
+        res = getattr(block, "resource", None)
+        uri = getattr(res, "uri", "")
+        if isinstance(getattr(res, "text", None), str):
+            return f"[resource {uri}]\n{res.text}"
+        mime = getattr(res, "mime_type", None) or getattr(res, "mimeType", None)
+        return f"[resource {uri}: {_described(mime, getattr(res, 'blob', None))}]"
+    if kind == "resource_link":
+        about = ", ".join(str(x) for x in (getattr(block, "uri", ""), mime) if x)
+        desc = getattr(block, "description", None)
+        return f"[resource_link {getattr(block, 'name', '')}: {about}{': ' + desc if desc else ''}]"
+    if kind in ("image", "audio"):
+        return f"[{kind}: {_described(mime, getattr(block, 'data', None))}]"
+    return f"[{kind}]"
+
+
+def _described(mime: Any, b64: Any) -> str:
+    """``MIME, N bytes`` of base64 data (its decoded size, without decoding it)."""
+    size = None
+    if isinstance(b64, str):
+        size = len(b64) * 3 // 4 - b64.endswith("=") - b64.endswith("==")
+    return ", ".join(x for x in (str(mime) if mime else "", f"{size} bytes" if size is not None else "") if x) or "binary"
 
 
 def _describe(e: BaseException) -> str:

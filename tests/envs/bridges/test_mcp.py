@@ -366,3 +366,35 @@ async def test_the_servers_tools_reach_the_models_chat_template():
     tools_block = prompts[0].split("<tools>\n")[1].split("\n</tools>")[0]
     listed = [json.loads(line)["function"]["name"] for line in tools_block.strip().splitlines()]
     assert listed == ["lookup", "calculator"]
+
+
+def test_every_kind_of_tool_result_block_reaches_the_model_as_text():
+    """What a text model can use of each MCP content block: text as is, an embedded text resource's text under its
+    URI, a binary resource, link, image or audio described by its URI, name and type (as servers such as the
+    reference ``server-everything`` return them), structured content when there is nothing else."""
+    from mcp import types as t
+
+    from agentrl.envs.bridges.mcp_client import _result_text
+
+    result = t.CallToolResult(content=[
+        t.TextContent(type="text", text="Here it is:"),
+        t.EmbeddedResource(type="resource", resource=t.TextResourceContents(
+            uri="demo://resource/1", mimeType="text/plain", text="the resource's own text")),
+        t.EmbeddedResource(type="resource", resource=t.BlobResourceContents(
+            uri="demo://blob/2", mimeType="application/gzip", blob="aGVsbG8=")),
+        t.ResourceLink(type="resource_link", name="report.md", uri="file:///srv/report.md",
+                       description="the weekly report", mimeType="text/markdown"),
+        t.ImageContent(type="image", data="iVBORw0KGgo=", mimeType="image/png"),
+        t.AudioContent(type="audio", data="UklGRg==", mimeType="audio/wav"),
+    ], isError=False)
+    is_error, text = _result_text(result)
+    assert not is_error and text.splitlines() == [
+        "Here it is:",
+        "[resource demo://resource/1]", "the resource's own text",
+        "[resource demo://blob/2: application/gzip, 5 bytes]",
+        "[resource_link report.md: file:///srv/report.md, text/markdown: the weekly report]",
+        "[image: image/png, 8 bytes]",
+        "[audio: audio/wav, 4 bytes]",
+    ]
+    only_structured = t.CallToolResult(content=[], structuredContent={"temperature": 33}, isError=True)
+    assert _result_text(only_structured) == (True, '{"temperature": 33}')
