@@ -6,6 +6,12 @@ session path as chat completions (``Gateway._serve``)::
     POST /v1beta/models/<model>:generateContent, :streamGenerateContent?alt=sse (also /v1/models/...)
                                        Google's Gemini (:mod:`~agentrl.gateway.gemini`)
 
+and each dialect's token count of a request, rendered as it would be served, with nothing sampled or recorded::
+
+    POST /v1/messages/count_tokens     {"input_tokens": N}
+    POST /v1/responses/input_tokens    {"object": "response.input_tokens", "input_tokens": N}
+    POST /v1beta/models/<model>:countTokens   {"totalTokens": N} (``contents``, or a whole ``generateContentRequest``)
+
 A mixin of :class:`agentrl.gateway.server.Gateway` (which supplies ``_auth``, ``_body``, ``_serve``, ``store`` and
 ``response_log``): a handler only translates; sessions, streaming, limits and errors are the server's.
 """
@@ -27,6 +33,7 @@ from agentrl.gateway.writers import GeminiWriter, MessagesWriter, ResponsesWrite
 class DialectRoutes:
     store: Any
     response_log: Any
+    model_name: str
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """Anthropic's Messages (:mod:`agentrl.gateway.anthropic`), served by the same session path as chat."""
@@ -49,14 +56,35 @@ class DialectRoutes:
         skeleton = response_skeleton(req, rid, raw.get("previous_response_id"))
         return await self._serve(request, req, lambda: ResponsesWriter(skeleton, body, rid), body, notes, owner=owner)
 
+    async def count_messages(self, request: web.Request) -> web.Response:
+        self._auth(request)
+        req, _ = parse_messages_request(await self._body(request), self.store.max_tokens)
+        return web.json_response({"input_tokens": await self._count(request, req)})
+
+    async def count_responses(self, request: web.Request) -> web.Response:
+        self._auth(request)
+        raw = await self._body(request)
+        if isinstance(raw, dict) and raw.get("model") is None:
+            raw["model"] = self.model_name  # optional here in OpenAI's API: the served model
+        req, _, owner = parse_responses_request(raw, self.store.max_tokens, self.response_log)
+        return web.json_response({"object": "response.input_tokens",
+                                  "input_tokens": await self._count(request, req, owner)})
+
     async def gemini(self, request: web.Request) -> web.StreamResponse:
         """Google's Gemini ``generateContent`` / ``streamGenerateContent`` (:mod:`agentrl.gateway.gemini`), served by
         the same session path as chat."""
         self._auth(request)
         model, _, method = request.match_info["target"].rpartition(":")
+        if method == "countTokens":
+            body = await self._body(request)
+            inner = body.get("generateContentRequest", body)
+            if not isinstance(inner, dict):
+                raise bad("generateContentRequest", "generateContentRequest must be an object")
+            req, _ = gemini.parse_gemini_request(inner, model.removeprefix("models/"), False, self.store.max_tokens)
+            return web.json_response({"totalTokens": await self._count(request, req)})
         if method not in gemini.METHODS:
             raise APIError(404, f"POST {request.path}: models/<model>:{method} is not served here (only "
-                                f"{' and '.join(gemini.METHODS)})", code="not_found")
+                                f"{', '.join(gemini.METHODS)})", code="not_found")
         stream = method == "streamGenerateContent"
         if stream and request.query.get("alt") != "sse":
             raise bad("alt", "streamGenerateContent is served as server-sent events only: add ?alt=sse")

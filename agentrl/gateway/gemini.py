@@ -43,7 +43,7 @@ from agentrl.tools import JSON_ERRORS
 _STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
            408: "DEADLINE_EXCEEDED", 409: "ABORTED", 413: "INVALID_ARGUMENT", 421: "PERMISSION_DENIED",
            429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
-METHODS = ("generateContent", "streamGenerateContent")
+METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 
 
 def error_body(e: APIError) -> dict[str, Any]:

@@ -9,6 +9,8 @@ Routes (each also under ``/s/<session>/``, so a client whose only setting is a b
     POST /v1/responses                 OpenAI Responses, on the chat path (:mod:`~agentrl.gateway.responses_api`)
     POST /v1beta/models/<model>:generateContent (and :streamGenerateContent?alt=sse; also under /v1/models/)
                                        Google's Gemini, on the chat path (:mod:`~agentrl.gateway.gemini`)
+    POST /v1/messages/count_tokens, /v1/responses/input_tokens, /v1beta/models/<model>:countTokens
+                                       the prompt tokens the request would take on its session now (nothing kept)
     GET  /v1/sessions                  live sessions and their counters
     GET  /v1/sessions/<id>             one session's counters (and segment sizes)
     POST /v1/sessions/<id>/end         {"reward": R, "info": {...}} -> the trajectory's summary (the whole
@@ -133,7 +135,9 @@ class Gateway(SessionRoutes, DialectRoutes):
             app.router.add_post(prefix + "/v1/chat/completions", self.chat)
             app.router.add_post(prefix + "/v1/completions", self.completions)
             app.router.add_post(prefix + "/v1/messages", self.messages)
+            app.router.add_post(prefix + "/v1/messages/count_tokens", self.count_messages)
             app.router.add_post(prefix + "/v1/responses", self.responses)
+            app.router.add_post(prefix + "/v1/responses/input_tokens", self.count_responses)
             for version in ("/v1beta", "/v1"):
                 app.router.add_post(prefix + version + "/models/{target}", self.gemini)
         app.router.add_get("/v1/sessions", self.list_sessions)
@@ -368,6 +372,19 @@ class Gateway(SessionRoutes, DialectRoutes):
             return await stream_live(request, run, live, writer(), keepalive_s=self.cfg.keepalive_s,
                                      on_hang_up=self._hung_up, errors=self.errors, headers=headers)
         return web.json_response(body(await run(None)), headers=headers)
+
+    async def _count(self, request: web.Request, req: ChatRequest, owner: str | None = None) -> int:
+        """The prompt tokens ``req`` would take on its session now (a token-counting endpoint): no session is left
+        behind by a count alone."""
+        self._check_model(req.model)
+        session = self._session(request)
+        try:
+            if owner is not None and owner != session.id:
+                raise bad("previous_response_id", f"the previous response belongs to session {owner!r}, not to this "
+                                                  f"request's session {session.id!r}", "wrong_session")
+            return await session.count_tokens(req)
+        finally:
+            self.store.forget_unused(session.id)
 
     async def _forget_on_failure(self, session: Session, work: Any) -> Completion:
         """Awaits a session request; a failure leaves no session that served nothing (so failing requests cannot

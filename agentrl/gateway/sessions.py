@@ -135,7 +135,7 @@ class Session:
             task.add_done_callback(self._aborts.discard)
 
     # -- planning -------------------------------------------------------------------------------------------------
-    def _for_template(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _for_template(self, messages: list[dict[str, Any]], record: bool = True) -> list[dict[str, Any]]:
         """The request's messages as the template reads them: assistant turns the gateway returned are swapped for
         the message it recorded; other assistant tool calls get their arguments in the family's form."""
         out = []
@@ -143,7 +143,7 @@ class Session:
             if m["role"] == "assistant":
                 ours = self._ours.get(assistant_key(m.get("content"), m.get("tool_calls") or []))
                 if ours is not None:
-                    self.stats["substituted"] += 1
+                    self.stats["substituted"] += record
                     out.append(copy.deepcopy(ours))
                     continue
                 if m.get("tool_calls") and self.r.family.arguments == "dict":
@@ -236,6 +236,18 @@ class Session:
         return list(gens), params
 
     # -- requests ---------------------------------------------------------------------------------------------------
+    async def count_tokens(self, req: ChatRequest) -> int:
+        """The prompt tokens the engine would be given for ``req`` now (its ``usage`` input count), rendered and
+        planned as :meth:`chat` would, with nothing sampled or recorded."""
+        self._check_open()
+        self._begin()
+        try:
+            msgs = self._for_template(req.messages, record=False)
+            plan = await self.ctx.offload(plan_chat, self.r, msgs, req.tools, snapshot(self.segments))
+        finally:
+            self.inflight -= 1
+        return len(plan.prompt_ids)
+
     async def chat(self, req: ChatRequest, live: Live = None) -> Completion:
         """Serves one chat-completions request (see the module docstring); raises :class:`APIError` for requests
         that cannot be served (the session is then unchanged). ``live`` (streaming) is told when sampling starts
