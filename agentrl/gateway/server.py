@@ -2,7 +2,8 @@
 
 Routes (each also under ``/s/<session>/``, so a client whose only setting is a base URL lands in its session)::
 
-    GET  /v1/models                    the served model
+    GET  /v1/models, /v1/models/<id>   the served model (OpenAI's and Anthropic's list and retrieve)
+    GET  /v1beta/models[/<model>]      the same in Gemini's form
     POST /v1/chat/completions          messages (+ tools, n, stream) -> choices; tokens recorded in the session
     POST /v1/completions               prompt (text or token ids) -> choices
     POST /v1/messages                  Anthropic Messages, on the chat path (:mod:`~agentrl.gateway.anthropic`)
@@ -132,6 +133,9 @@ class Gateway(SessionRoutes, DialectRoutes):
         app = web.Application(client_max_size=self.cfg.max_request_bytes + 1, middlewares=[self._errors])
         for prefix in ("", "/s/{sid}"):
             app.router.add_get(prefix + "/v1/models", self.models)
+            app.router.add_get(prefix + "/v1/models/{model}", self.model)
+            app.router.add_get(prefix + "/v1beta/models", self.gemini_models)
+            app.router.add_get(prefix + "/v1beta/models/{target}", self.gemini_models)
             app.router.add_post(prefix + "/v1/chat/completions", self.chat)
             app.router.add_post(prefix + "/v1/completions", self.completions)
             app.router.add_post(prefix + "/v1/messages", self.messages)
@@ -321,12 +325,6 @@ class Gateway(SessionRoutes, DialectRoutes):
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "model": self.model_name})
 
-    async def models(self, request: web.Request) -> web.Response:
-        self._auth(request)
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentrl",
-             "max_model_len": self.store.max_model_len}]})
-
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)  # an unauthenticated request learns nothing, not even whether its JSON is valid
         req = parse_chat(await self._body(request))
@@ -372,19 +370,6 @@ class Gateway(SessionRoutes, DialectRoutes):
             return await stream_live(request, run, live, writer(), keepalive_s=self.cfg.keepalive_s,
                                      on_hang_up=self._hung_up, errors=self.errors, headers=headers)
         return web.json_response(body(await run(None)), headers=headers)
-
-    async def _count(self, request: web.Request, req: ChatRequest, owner: str | None = None) -> int:
-        """The prompt tokens ``req`` would take on its session now (a token-counting endpoint): no session is left
-        behind by a count alone."""
-        self._check_model(req.model)
-        session = self._session(request)
-        try:
-            if owner is not None and owner != session.id:
-                raise bad("previous_response_id", f"the previous response belongs to session {owner!r}, not to this "
-                                                  f"request's session {session.id!r}", "wrong_session")
-            return await session.count_tokens(req)
-        finally:
-            self.store.forget_unused(session.id)
 
     async def _forget_on_failure(self, session: Session, work: Any) -> Completion:
         """Awaits a session request; a failure leaves no session that served nothing (so failing requests cannot
