@@ -15,6 +15,10 @@ mkdir -p "$(dirname "$DOCKERD_LOG")"
 starts=0
 pid=""
 start() {
+    # dockerd trusts containerd's pid file: once that pid belongs to another process (pid reuse after a crash), every
+    # start waits 15 s for a containerd that is not there and exits. Seen here on 2026-11-28.
+    local cpid=/var/run/docker/containerd/containerd.pid
+    if [ -f "$cpid" ] && ! grep -qsx containerd "/proc/$(cat "$cpid" 2>/dev/null)/comm"; then rm -f "$cpid"; fi
     starts=$((starts + 1))
     echo "sandbox-setup: starting dockerd (start $starts of at most $DOCKERD_STARTS; log: $DOCKERD_LOG)"
     nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &

@@ -7,7 +7,8 @@ counts as a failure), a seeded episode through the registered wrappers whose act
 value is checked against the spaces and types), the async path (``areset`` must give the same opening as
 ``reset`` for the same seed, then one ``astep``), and, if the env has a scripted solver, one solver episode whose
 return is reported. It prints one ``PASS``/``FAIL`` line per env and returns 1 if any env failed. With ``--all``, an
-env whose constructor needs arguments that nobody gave (a server's address) is reported ``SKIP`` with what it needs. Arguments of the
+env whose constructor needs arguments that nobody gave (a server's address) is reported ``SKIP`` with what it needs (a
+named one ``FAIL``, with the command line that gives them). Arguments of the
 form ``key=value`` are env kwargs given to every env checked (values read as YAML: ``size=100`` is an int,
 ``tools=[a, b]`` a list, anything else a string), e.g. ``agentrl envs check reasoning_gym/leg_counting max_animals=3``.
 
@@ -141,10 +142,15 @@ def _check(args: argparse.Namespace) -> int:
     width = max(len(i) for i in ids)
     failed = skipped = 0
     for env_id in ids:
-        needs = _required_kwargs(env_id, env_kwargs) if args.all else []
-        if needs:  # --all cannot invent a server address: say so instead of failing the env
+        needs = _required_kwargs(env_id, env_kwargs)
+        if needs and args.all:  # --all cannot invent a server address: say so instead of failing the env
             skipped += 1
             print(f"SKIP  {env_id:<{width}}  needs env kwargs {', '.join(f'{k}=...' for k in needs)}", flush=True)
+            continue
+        if needs:  # named, but not makeable as given: what it needs and how to give it, not Python's TypeError
+            failed += 1
+            print(f"FAIL  {env_id:<{width}}  needs env kwargs {', '.join(f'{k}=...' for k in needs)}: agentrl envs "
+                  f"check {env_id} {' '.join(f'{k}=VALUE' for k in needs)}", flush=True)
             continue
         ok, detail = check_env_id(env_id, seed=args.seed, max_steps=args.max_steps, env_kwargs=env_kwargs)
         failed += not ok
@@ -160,14 +166,14 @@ def _required_kwargs(env_id: str, given: dict[str, Any]) -> list[str]:
 
     from agentrl.registration import spec
 
-    s = spec(env_id)
-    ep = s.entry_point
     try:
+        s = spec(env_id)
+        ep = s.entry_point
         if isinstance(ep, str):
             module, _, attr = ep.partition(":")
             ep = getattr(importlib.import_module(module), attr)
         params = inspect.signature(ep).parameters.values()
-    except Exception:  # unloadable or opaque: let the check itself report it
+    except Exception:  # unknown, unloadable or opaque: let the check itself report it
         return []
     return [p.name for p in params if p.default is inspect.Parameter.empty
             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in s.kwargs and p.name not in given]

@@ -128,6 +128,15 @@ def test_check_unknown_id_names_close_matches(capsys):
     assert out.startswith("FAIL") and "did you mean 'agentrl/FrozenLake-v0'" in out
 
 
+def test_check_of_an_env_whose_constructor_needs_kwargs_says_which_and_how_to_give_them(capsys):
+    """A named env that cannot be made without kwargs (a task file, a server) fails with what it needs and the
+    command line that gives it, not with Python's bare TypeError; given them, it is checked."""
+    assert main(["envs", "check", "skyrl_gym/gsm8k"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL") and "needs env kwargs tasks=..." in out, out
+    assert "agentrl envs check skyrl_gym/gsm8k tasks=VALUE" in out and "TypeError" not in out, out
+
+
 def test_check_needs_ids_or_all(capsys):
     assert main(["envs", "check"]) == 2
     assert main(["envs", "check", "--all", "agentrl/FrozenLake-v0"]) == 2
