@@ -2,8 +2,12 @@
 
 Flow: ``reset`` opens a WebSocket session at ``<url>/ws`` (one per episode: OpenEnv's ``POST /reset`` and ``/step``
 build a fresh env per request, so only the session keeps an episode) and sends ``{"type": "reset", "data":
-{"seed": ...}}``; each ``step`` sends ``{"type": "step", "data": {<action field>: <the model's text>}}``. The action
-field is the one string field the server's ``/schema`` requires (or ``action_field``). Replies are
+{"seed": ...}}``; each ``step`` sends ``{"type": "step", "data": <the action>}``, made from the model's text per the
+action schema the server publishes at ``/schema`` (:mod:`.openenv_actions`: one text field gets the text as is, a
+number, boolean or list field the value answered, several fields a JSON object; ``action_field`` names a text field
+and skips ``/schema``). A turn that does not fit the schema, or that the server refuses as invalid
+(``VALIDATION_ERROR``), is an invalid-action observation with ``invalid_reward``, and the episode goes on; when the
+action is not plain text, a system message says what to answer (unless ``system_prompt`` is given). Replies are
 ``{"type": "observation", "data": {"observation": {...}, "reward": r, "done": d}}``: ``reward`` (None counts 0) and
 ``done`` (terminated; ``truncated`` when the observation says so) come from it, and the observation becomes the chat
 messages: its ``messages`` when it carries chat messages (an agentrl env served by ``agentrl envs serve``), else
@@ -28,6 +32,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from agentrl.core import Env, Message, StepResult
+from agentrl.envs.bridges.openenv_actions import ActionShape, InvalidAction, action_shape, build_action
 from agentrl.tools import JSON_ERRORS
 
 try:
@@ -47,14 +52,15 @@ class OpenEnvClientEnv(Env):
     kwargs: ``url`` (the server's base URL, ``http://`` or ``ws://``), ``action_field`` (default: from
     ``/schema``), ``observation_field`` (default: see the module docstring), ``system_prompt`` (a system message
     before the first observation, for servers whose observations do not say what to answer), ``reset_data``
-    (extra fields of every reset message), ``connect_timeout_s`` (30), ``call_timeout_s`` (60).
+    (extra fields of every reset message), ``invalid_reward`` (0: the reward of an action that does not fit the
+    schema), ``connect_timeout_s`` (30), ``call_timeout_s`` (60).
     """
 
     description = "A remote OpenEnv environment over its /ws WebSocket session (kwarg url=http://HOST:PORT)"
 
     def __init__(self, url: str, action_field: str | None = None, observation_field: str | None = None,
                  system_prompt: str | None = None, reset_data: dict[str, Any] | None = None,
-                 connect_timeout_s: float = 30.0, call_timeout_s: float = 60.0):
+                 invalid_reward: float = 0.0, connect_timeout_s: float = 30.0, call_timeout_s: float = 60.0):
         super().__init__()
         parsed = urlparse(str(url))
         if parsed.scheme not in ("http", "https", "ws", "wss") or not parsed.netloc:
@@ -67,28 +73,23 @@ class OpenEnvClientEnv(Env):
         self.http_url = base._replace(scheme="https" if secure else "http").geturl()
         self.ws_url = base._replace(scheme="wss" if secure else "ws").geturl() + "/ws"
         self.action_field, self.observation_field = action_field, observation_field
+        self.shape: ActionShape | None = ActionShape(action_field, "string", (), "") if action_field else None
+        self.invalid_reward = float(invalid_reward)
         self.system_prompt, self.reset_data = system_prompt, dict(reset_data or {})
         self.connect_timeout_s, self.call_timeout_s = float(connect_timeout_s), float(call_timeout_s)
         self._ws: Any = None
         self.current_key = ""
 
     # -- the wire -------------------------------------------------------------------------------------------------
-    def _schema_action_field(self) -> str:
+    def _schema_shape(self) -> ActionShape:
         try:
             with urllib.request.urlopen(self.http_url + "/schema", timeout=self.connect_timeout_s) as resp:
-                schema = json.loads(resp.read())
-            action = schema["action"]
-            props, required = action.get("properties", {}), action.get("required", [])
+                return action_shape(json.loads(resp.read())["action"])
         except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise OpenEnvError(f"OpenEnv server {self.http_url}: cannot read the action schema at /schema: "
                                f"{type(e).__name__}: {e}") from e
-        strings = [k for k in required if props.get(k, {}).get("type") == "string"]
-        if len(strings) != 1:
-            raise OpenEnvError(f"OpenEnv server {self.http_url}: its action needs {required or 'no fields'} "
-                               f"(properties {sorted(props)}); give action_field= to say which field gets the text")
-        return strings[0]
 
-    def _request(self, message: dict[str, Any], what: str) -> dict[str, Any]:
+    def _request(self, message: dict[str, Any], what: str, invalid_ok: bool = False) -> dict[str, Any]:
         try:
             try:
                 self._ws.send(json.dumps(message))
@@ -112,6 +113,11 @@ class OpenEnvClientEnv(Env):
         kind = reply.get("type") if isinstance(reply, dict) else None
         if kind == "error":
             data = reply.get("data") if isinstance(reply.get("data"), dict) else {}
+            if invalid_ok and data.get("code") == "VALIDATION_ERROR":  # the model's action, not the server: go on
+                errors = data.get("errors") if isinstance(data.get("errors"), list) else []
+                why = "; ".join(str(e.get("msg", e))[:100] for e in errors[:3] if isinstance(e, dict))
+                raise InvalidAction(f"the server refused the action: {str(data.get('message'))[:100]}"
+                                    + (f" ({why})" if why else ""))
             self._drop()
             raise OpenEnvError(f"OpenEnv server {self.ws_url} refused {what}: "
                                f"{data.get('code', '?')}: {str(data.get('message', reply))[:300]}")
@@ -151,8 +157,9 @@ class OpenEnvClientEnv(Env):
         """Opens a new WebSocket session (closing the last one) and resets the remote env."""
         super().reset(seed=seed)
         self.close()
-        if self.action_field is None:
-            self.action_field = self._schema_action_field()
+        if self.shape is None:
+            self.shape = self._schema_shape()
+            self.action_field = self.shape.field
         try:
             # Entered by hand: the connection outlives this call (the episode), and close() ends it.
             self._ws = connect(self.ws_url, open_timeout=self.connect_timeout_s, close_timeout=5).__enter__()
@@ -163,8 +170,9 @@ class OpenEnvClientEnv(Env):
             data["task"] = options["task"]
         reply = self._request({"type": "reset", "data": data}, "reset")
         obs = self._messages(reply["observation"])
-        if self.system_prompt:
-            obs = [{"role": "system", "content": self.system_prompt}] + obs
+        system = self.system_prompt or self.shape.hint()
+        if system:
+            obs = [{"role": "system", "content": system}] + obs
         info = reply["observation"].get("info")
         info = dict(info) if isinstance(info, dict) else {}
         # The served env's own content key when it has one (an agentrl env behind `agentrl envs serve`), else the
@@ -175,10 +183,16 @@ class OpenEnvClientEnv(Env):
         return obs, {**info, "task_key": self.current_key}
 
     def step(self, action: str) -> StepResult:
-        """Sends the model's text as the action; the reply's reward and done end the step."""
-        if self._ws is None:
+        """Sends the action made from the model's text; the reply's reward and done end the step."""
+        if self._ws is None or self.shape is None:
             raise OpenEnvError(f"OpenEnv server {self.ws_url}: no open session (call reset first)")
-        reply = self._request({"type": "step", "data": {self.action_field: str(action)}}, "step")
+        try:
+            reply = self._request({"type": "step", "data": build_action(self.shape, str(action))}, "step",
+                                  invalid_ok=True)
+        except InvalidAction as e:
+            hint = self.shape.hint()
+            return ([{"role": "user", "content": f"Invalid action: {e}." + (f" {hint}" if hint else "")}],
+                    self.invalid_reward, False, False, {"invalid_action": str(e), "task_key": self.current_key})
         observation = reply["observation"]
         reward = reply.get("reward")
         if reward is None:

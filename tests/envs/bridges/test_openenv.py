@@ -288,3 +288,61 @@ def test_served_sync_envs_keep_one_thread_per_episode_and_async_envs_are_awaited
     assert replies[0]["observation"]["messages"] == [{"role": "user", "content": "async seed 3"}]
     assert replies[1]["observation"]["messages"] == [{"role": "user", "content": "GO"}]
     assert (replies[1]["reward"], replies[1]["done"]) == (0.5, True)
+
+
+@pytest.fixture(scope="module")
+def typed_servers():
+    """openenv-core servers whose actions are an int field and a two-field tool call; yields {kind: url}."""
+    procs, urls = [], {}
+    try:
+        for kind in ("counter", "tools"):
+            port = _free_port()
+            procs.append(subprocess.Popen([sys.executable, str(Path(__file__).parent / "openenv_typed_server.py"),
+                                           kind, str(port)]))
+            _wait_listening(procs[-1], port, f"the {kind} server")
+            urls[kind] = f"http://127.0.0.1:{port}"
+        yield urls
+    finally:
+        for p in procs:
+            _stop(p)
+
+
+def test_an_integer_action_is_parsed_from_the_answer_and_a_bad_one_is_an_invalid_action(typed_servers):
+    env = agentrl.make(CLIENT, url=typed_servers["counter"], invalid_reward=-0.5)
+    obs, _ = env.reset(seed=0)
+    assert obs[0]["role"] == "system" and "'amount' (integer)" in obs[0]["content"]  # what to answer, from /schema
+    assert env.step("<answer>2</answer>")[:3] == ([{"role": "user", "content": "total 2"}], 0.0, False)
+    msgs, reward, terminated, truncated, info = env.step("two, please")
+    assert (reward, terminated, truncated) == (-0.5, False, False) and "'amount' must be an integer" in info["invalid_action"]
+    assert msgs[0]["content"].startswith("Invalid action:")
+    assert env.step("I add <answer>3</answer>")[1:3] == (1.0, True)  # the session went on after the bad turn
+    env.close()
+
+
+def test_a_several_field_action_is_a_json_object_checked_here_and_by_the_server(typed_servers):
+    env = agentrl.make(CLIENT, url=typed_servers["tools"])
+    obs, _ = env.reset(seed=0)
+    assert '"tool": string' in obs[0]["content"] and '"arguments": object' in obs[0]["content"]
+    assert env.step('I call {"tool": "add", "arguments": {"a": 40, "b": 2}} now.')[0][0]["content"] == "42"
+    _, reward, terminated, _, info = env.step('<answer>{"tool": "answer"}</answer>')
+    assert (reward, terminated) == (0.0, False) and "misses 'arguments'" in info["invalid_action"]
+    _, reward, terminated, _, info = env.step('<answer>{"tool": 7, "arguments": {}}</answer>')  # the server says no
+    assert not terminated and "the server refused the action" in info["invalid_action"]
+    assert env.step('```json\n{"tool": "answer", "arguments": {"value": 42}}\n```')[1:3] == (1.0, True)
+    env.close()
+
+
+@pytest.mark.parametrize("schema, field, kind", [
+    ({"properties": {"message": {"type": "string"}, "metadata": {"type": "object"}}, "required": ["message"]},
+     "message", "string"),
+    ({"properties": {"action_id": {"type": "integer"}}, "required": ["action_id"]}, "action_id", "integer"),
+    ({"properties": {"x": {"anyOf": [{"type": "null"}, {"type": "number"}]}}}, "x", "number"),
+    ({"properties": {"move": {"enum": ["up", "down"]}}, "required": ["move"]}, "move", "string"),
+    ({"properties": {"tool": {"type": "string"}, "args": {"type": "object"}}, "required": ["tool", "args"]},
+     None, "object"),
+])
+def test_action_shapes_of_the_schemas_pydantic_writes(schema, field, kind):
+    from agentrl.envs.bridges.openenv_actions import action_shape
+
+    shape = action_shape(schema)
+    assert (shape.field, shape.type) == (field, kind)
