@@ -7,7 +7,9 @@ usage: sandbox_driver.py RUN_ID TTL_S BACKEND[,BACKEND] wait|exit
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
+import signal
 import sys
 
 from agentrl.sandboxes import SandboxSpec, create_sandbox
@@ -36,4 +38,5 @@ async def main(run: str, ttl: float, backends: list[str], mode: str) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks of a driver that does not exit
     asyncio.run(main(sys.argv[1], float(sys.argv[2]), sys.argv[3].split(","), sys.argv[4]))

@@ -107,12 +107,20 @@ def test_sigterm_and_normal_exit_clean_up_at_once(how):
         t0 = time.monotonic()
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        try:
+            # Bounded by the TTL's scale, not a quiet machine's: right after the daemon-restart tests, under CI's
+            # load, docker's removals have taken over 30 s. A hang still fails, with the driver's stacks.
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # faulthandler in the driver: where it is stuck
+            time.sleep(1)
+            proc.kill()
+            raise AssertionError(f"driver still running 120 s after {how}: {proc.communicate(timeout=30)[1][-4000:]}")
         assert _wait_until(lambda: not _containers(run) and not (state_root() / run).exists(), 5), (
             _containers(run), list((state_root() / run).glob("*")) if (state_root() / run).exists() else [],
         )
         assert not _bwrap_procs(run)
-        assert time.monotonic() - t0 < 20  # far below the 600 s TTL
+        assert time.monotonic() - t0 < 120  # far below the 600 s TTL
         if how == "sigterm":
             assert proc.returncode == -signal.SIGTERM  # the default action still happens after cleanup
     finally:
