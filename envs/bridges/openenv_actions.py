@@ -6,7 +6,8 @@ env's ``code``), one number (an Atari-style ``action_id``), or several fields (a
 
 - one field that takes the text (``action_field``, else the one required field, else the one field there is):
   a string field gets the whole text unchanged; a number, boolean, list or object field gets the value parsed
-  from the answer (the last ``<answer>...</answer>`` if any, else the whole text; JSON for lists and objects);
+  from the answer (the last ``<answer>...</answer>`` if any, else the whole text, read as every built-in env reads it:
+  :func:`agentrl.envs.utils.answer_or_text`; JSON for lists and objects);
 - otherwise the answer is the whole action as a JSON object (a fenced ```json block or the outermost ``{...}``
   are found in prose too), and every required field must be in it.
 
@@ -23,9 +24,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.envs.utils import answer_or_text
 from agentrl.tools import JSON_ERRORS
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _FENCE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.S)
 _TYPES = ("string", "integer", "number", "boolean", "array", "object")
 
@@ -88,13 +89,8 @@ def action_shape(schema: Any, action_field: str | None = None) -> ActionShape:
     return ActionShape(None, "object", required, summary)
 
 
-def _answer(text: str) -> str:
-    found = _ANSWER.findall(text)
-    return (found[-1] if found else text).strip()
-
-
 def _json_object(text: str) -> Any:
-    body = _answer(text)
+    body = answer_or_text(text)
     for candidate in (body, *(m.group(1) for m in _FENCE.finditer(body)),
                       body[body.find("{"): body.rfind("}") + 1] if "{" in body else ""):
         if candidate:
@@ -106,7 +102,7 @@ def _json_object(text: str) -> Any:
 
 
 def _value(kind: str, text: str, field: str) -> Any:
-    body = _answer(text)
+    body = answer_or_text(text)
     try:
         if kind in ("integer", "number"):
             value = json.loads(body)

@@ -346,3 +346,15 @@ def test_action_shapes_of_the_schemas_pydantic_writes(schema, field, kind):
 
     shape = action_shape(schema)
     assert (shape.field, shape.type) == (field, kind)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("<answer>3.</answer>", 3),           # the answer is read as every built-in env reads it: trailing punctuation off
+    ("I pick <ANSWER> '7' </ANSWER>", 7),  # any case of the tag, quotes off
+    ("`2`", 2),
+])
+def test_a_typed_answer_is_read_like_every_envs_answer(text, value):
+    from agentrl.envs.bridges.openenv_actions import ActionShape, build_action
+
+    assert build_action(ActionShape("action_id", "integer", ("action_id",), "{action_id: integer}"), text) == {
+        "action_id": value}
