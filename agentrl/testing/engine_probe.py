@@ -91,3 +91,8 @@ def count_replica_tokens(replica: Any) -> None:
 def replica_tokens(replica: Any, request_id: str) -> int:
     """The tokens ``request_id`` has produced on this replica so far (:func:`count_replica_tokens` first)."""
     return replica.__dict__.get("probe_tokens", {}).get(request_id, 0)
+
+
+def replica_requests(replica: Any) -> int:
+    """The requests this replica's engine holds now: added and not finished (queued, paused or running)."""
+    return replica.engine._llm.output_processor.get_num_unfinished_requests()

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.inference.base import SamplingParams
-from agentrl.testing.engine_probe import count_replica_tokens, replica_tokens
+from agentrl.testing.engine_probe import count_replica_tokens, replica_requests, replica_tokens
 
 pytestmark = pytest.mark.engine
 
@@ -75,6 +75,23 @@ async def _until_tokens(eng, replica, request_id, timeout=300.0):
     while not await eng.replicas[replica].__ray_call__.remote(replica_tokens, request_id):
         assert asyncio.get_running_loop().time() < end, f"no tokens of {request_id} after {timeout} s"
         await asyncio.sleep(0.02)
+
+
+async def _until_held(eng, replica, timeout=300.0):
+    """Waits until ``replica``'s engine holds a request (added, not finished)."""
+    end = asyncio.get_running_loop().time() + timeout
+    while not await eng.replicas[replica].__ray_call__.remote(replica_requests):
+        assert asyncio.get_running_loop().time() < end, f"replica {replica} got no request after {timeout} s"
+        await asyncio.sleep(0.02)
+
+
+async def _routed_replica(eng, session_id, timeout=60.0):
+    """The replica the router picked for ``session_id`` (it picks when the request is sent)."""
+    end = asyncio.get_running_loop().time() + timeout
+    while (r := eng.replica_for(session_id)) is None:
+        assert asyncio.get_running_loop().time() < end, f"{session_id!r} was not routed after {timeout} s"
+        await asyncio.sleep(0.01)
+    return r
 
 
 async def _restore(eng, original):
@@ -192,9 +209,13 @@ async def test_trainer_broadcast_through_vllm_weight_transfer(eng, tok, original
         await asyncio.to_thread(sender.send_weights)
         assert eng.version == v and await eng.replica_versions() == [v, v]  # received, not yet committed
         # Paused until the commit: a request sent now is served by the new weights, labelled v + 1.
+        for r in eng.replicas:
+            await r.__ray_call__.remote(count_replica_tokens)
         pending = asyncio.create_task(eng.generate(seq, SamplingParams(max_tokens=5, ignore_eos=True),
                                                    request_id="rep-bc", session_id="bc"))
-        await asyncio.sleep(0.5)
+        await _until_held(eng, await _routed_replica(eng, "bc"))  # inside a paused engine, not on its way there
+        assert not pending.done() and await eng.replicas[eng.replica_for("bc")].__ray_call__.remote(
+            replica_tokens, "rep-bc") == 0
         await eng.commit_weight_update(v + 1)
         assert (await asyncio.wait_for(pending, 60)).versions == [v + 1] * 5
         assert await eng.replica_versions() == [v + 1, v + 1]
