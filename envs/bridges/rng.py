@@ -99,7 +99,8 @@ _PY_VIEW = _view(_py_address()) if _PY_RAW else None  # the module's one generat
 @dataclass
 class _Np:
     raw: bytes                # the MT19937 state's bytes
-    full: Any = None          # get_state()'s tuple when a normal may be cached; None: known to hold none
+    full: Any = None          # get_state()'s tuple (a dict for another bit generator) when a normal may be cached;
+                              # None: known to hold none
 
 
 @dataclass
@@ -194,7 +195,9 @@ def _np_take() -> _Np:
     global _np_clean
     view = _np_view() if _NP_RAW else None
     if view is None:
-        return _Np(b"", np.random.get_state())
+        # Not an MT19937 (or its bytes unread): the bit generator's own state as a dict, exact, and without the
+        # warning a legacy read of another generator gives at every call.
+        return _Np(b"", np.random.get_state(legacy=False))
     raw = bytes(view)
     if raw == _np_clean:
         return _Np(raw)
