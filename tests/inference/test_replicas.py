@@ -69,29 +69,35 @@ def _hf_logprobs(model_dir, state_dict, seq):
     return [logp[i, seq[i + 1]].item() for i in range(len(seq) - 1)]
 
 
-async def _until_tokens(eng, replica, request_id, timeout=300.0):
-    """Waits until ``request_id`` has produced tokens on ``replica`` (a loaded machine may take seconds)."""
+async def _until(probe, what, timeout):
+    """``await probe()`` every 20 ms until it returns something true (a loaded machine may take seconds), then that
+    value; fails naming ``what`` after ``timeout`` seconds."""
     end = asyncio.get_running_loop().time() + timeout
-    while not await eng.replicas[replica].__ray_call__.remote(replica_tokens, request_id):
-        assert asyncio.get_running_loop().time() < end, f"no tokens of {request_id} after {timeout} s"
+    while not (found := await probe()):
+        assert asyncio.get_running_loop().time() < end, f"{what} after {timeout} s"
         await asyncio.sleep(0.02)
+    return found
+
+
+async def _until_tokens(eng, replica, request_id, timeout=300.0):
+    """Waits until ``request_id`` has produced tokens on ``replica``."""
+    await _until(lambda: eng.replicas[replica].__ray_call__.remote(replica_tokens, request_id),
+                 f"no tokens of {request_id}", timeout)
 
 
 async def _until_held(eng, replica, timeout=300.0):
     """Waits until ``replica``'s engine holds a request (added, not finished)."""
-    end = asyncio.get_running_loop().time() + timeout
-    while not await eng.replicas[replica].__ray_call__.remote(replica_requests):
-        assert asyncio.get_running_loop().time() < end, f"replica {replica} got no request after {timeout} s"
-        await asyncio.sleep(0.02)
+    await _until(lambda: eng.replicas[replica].__ray_call__.remote(replica_requests),
+                 f"replica {replica} got no request", timeout)
 
 
 async def _routed_replica(eng, session_id, timeout=60.0):
     """The replica the router picked for ``session_id`` (it picks when the request is sent)."""
-    end = asyncio.get_running_loop().time() + timeout
-    while (r := eng.replica_for(session_id)) is None:
-        assert asyncio.get_running_loop().time() < end, f"{session_id!r} was not routed after {timeout} s"
-        await asyncio.sleep(0.01)
-    return r
+    async def routed():
+        r = eng.replica_for(session_id)
+        return None if r is None else (r,)  # a 1-tuple: replica 0 is a valid answer
+
+    return (await _until(routed, f"{session_id!r} was not routed", timeout))[0]
 
 
 async def _restore(eng, original):
