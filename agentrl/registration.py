@@ -210,6 +210,23 @@ def make(id: str, **kwargs: Any) -> gymnasium.Env:
     return env
 
 
+def check_make(id: str, kwargs: dict[str, Any] | None = None) -> None:
+    """Makes one env of ``id`` with ``kwargs`` and closes it, so that a config's env fails when it is loaded, not in
+    every episode after minutes of engine start-up. Raises ``ValueError`` ("cannot make ID with kwargs {...}: TypeError:
+    ...") whatever the constructor raised: an unknown keyword, a value the env refuses, a library that validates with
+    ``assert`` (reasoning-gym), a missing extra. ``RegistrationError`` for an unknown id, as :func:`spec`."""
+    spec(id)
+    kwargs = dict(kwargs or {})
+    try:
+        env = make(id, **kwargs)
+    except RegistrationError:
+        raise
+    except Exception as e:
+        with_kwargs = f" with kwargs {kwargs}" if kwargs else ""
+        raise ValueError(f"cannot make {id!r}{with_kwargs}: {type(e).__name__}: {e}") from e
+    env.close()
+
+
 def description(id: str) -> str:
     """Returns the one-line description of ``id``: the registered one, else the class's ``description`` or the
     first line of its docstring (the class is imported)."""

@@ -105,13 +105,12 @@ async def run(cfg: RolloutRunConfig, engine: Any = None) -> int:
     from agentrl.config import from_dict
     from agentrl.inference import EngineConfig, make_engine
     from agentrl.manager import EnvManager, EpisodeSpec
-    from agentrl.registration import RegistrationError
-    from agentrl.registration import spec as env_spec
+    from agentrl.registration import check_make
     from agentrl.agent.loop import AgentLoopPolicy
 
     try:
-        env_spec(cfg.env)  # unknown env id: a clear error before minutes of engine start-up
-    except RegistrationError as e:
+        check_make(cfg.env, cfg.env_kwargs)  # an unknown id or a refused kwarg: said before minutes of engine start-up
+    except ValueError as e:
         print(f"agentrl rollout: {e}", file=sys.stderr)
         return 2
     model = cfg.model

@@ -25,17 +25,18 @@ class EnvConfig:
     """The training env: a registered ``id`` with constructor ``kwargs``. Training task ``i`` uses the ``i``-th seed
     from ``seed_start`` whose task is not held out for evaluation (one seed per group; seeds ``seed_start + i`` when
     the env's tasks cannot collide: :mod:`agentrl.controller.heldout`). Every training seed stays below
-    ``EVAL_SEED_START``."""
+    ``EVAL_SEED_START``. Loading the config makes one env with ``kwargs`` (:func:`agentrl.registration.check_make`):
+    a kwarg the env refuses is a config error then, not a failure of every episode."""
 
     id: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     seed_start: int = 0
 
     def validate(self) -> None:
-        from agentrl.registration import spec
+        from agentrl.registration import check_make
 
         try:
-            spec(self.id)
+            check_make(self.id, self.kwargs)
         except Exception as e:
             raise ValueError(str(e)) from e
         if self.seed_start < 0 or self.seed_start >= EVAL_SEED_START:

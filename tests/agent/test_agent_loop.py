@@ -499,3 +499,6 @@ async def test_rollout_command_config_and_bad_env(tmp_path, capsys):
     cfg.env, cfg.out = "agentrl/Nope-v0", str(tmp_path / "x.jsonl")
     assert await run(cfg) == 2  # before any engine starts
     assert "unknown env id 'agentrl/Nope-v0'" in capsys.readouterr().err
+    cfg.env, cfg.env_kwargs = "agentrl/FrozenLake-v0", {"size": 99}  # a kwarg the env refuses: the same
+    assert await run(cfg) == 2
+    assert "cannot make 'agentrl/FrozenLake-v0' with kwargs {'size': 99}: ValueError" in capsys.readouterr().err

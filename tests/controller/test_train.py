@@ -38,6 +38,15 @@ def test_config_errors_name_the_key(tmp_path):
         load_config(QUICKSTART, ["manager.async_ratio=1"])
     with pytest.raises(ConfigError, match=r"manager.batch_size: unknown key \(a training run's batch is num_groups \* group_size"):
         load_config(QUICKSTART, ["manager.batch_size=12"])
+    # The env's own kwargs are checked at load too (by making one env), not minutes later in every episode; a
+    # library that validates with assert (reasoning-gym) is reported like one that raises ValueError.
+    with pytest.raises(ConfigError, match=r"env: cannot make 'agentrl/FrozenLake-v0' with kwargs \{.*'size': -1.*\}: "
+                                          r"ValueError: FrozenLakeEnv: size must be"):
+        load_config(QUICKSTART, ["env.kwargs.size=-1"])
+    with pytest.raises(ConfigError, match=r"env: cannot make .*TypeError: .*unexpected keyword argument 'bogus'"):
+        load_config(QUICKSTART, ["env.kwargs.bogus=1"])
+    with pytest.raises(ConfigError, match=r"env: cannot make 'reasoning_gym/chain_sum' .*AssertionError: min_terms"):
+        load_config(QUICKSTART, ["env.id=reasoning_gym/chain_sum", "env.kwargs={min_terms: 0}"])
 
 
 def test_trainer_scores_at_the_rollout_temperature():
