@@ -85,9 +85,9 @@ class DialectRoutes:
 
         def body(done: Completion) -> dict[str, Any]:
             self.response_log.remember(rid, done, req.messages)
-            return response_body(done, req, rid, raw.get("previous_response_id"))
+            return response_body(done, req, rid, raw)
 
-        skeleton = response_skeleton(req, rid, raw.get("previous_response_id"))
+        skeleton = response_skeleton(req, rid, raw)
         return await self._serve(request, req, lambda: ResponsesWriter(skeleton, body, rid), body, notes, owner=owner)
 
     async def count_messages(self, request: web.Request) -> web.Response:

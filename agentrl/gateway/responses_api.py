@@ -235,7 +235,8 @@ def _items(c: Choice, rid: str) -> list[dict[str, Any]]:
     if c.reasoning and c.reasoning.strip():
         out.append({"type": "reasoning", "id": f"rs_{rid}", "summary": [{"type": "summary_text", "text": c.reasoning}]})
     if c.content or not c.tool_calls:
-        out.append({"type": "message", "id": f"msg_{rid}", "status": "completed", "role": "assistant",
+        status = "incomplete" if c.finish_reason == "length" else "completed"  # as OpenAI marks a message cut short
+        out.append({"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant",
                     "content": [{"type": "output_text", "text": c.content or "", "annotations": []}]})
     for k, call in enumerate(c.tool_calls):
         out.append({"type": "function_call", "id": f"fc_{rid}_{k}", "call_id": call["id"], "status": "completed",
@@ -243,20 +244,25 @@ def _items(c: Choice, rid: str) -> list[dict[str, Any]]:
     return out
 
 
-def response_skeleton(req: ChatRequest, rid: str, previous: str | None) -> dict[str, Any]:
-    """The Response's fields that do not depend on its output."""
+def response_skeleton(req: ChatRequest, rid: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The Response's fields that do not depend on its output; ``raw``: the request body, whose
+    ``previous_response_id``, ``instructions`` and ``metadata`` the Response echoes, as OpenAI's does."""
+    instructions, metadata = raw.get("instructions"), raw.get("metadata")
     return {"id": rid, "object": "response", "created_at": now(), "model": req.model, "status": "in_progress",
-            "incomplete_details": None, "error": None, "output": [], "previous_response_id": previous,
+            "incomplete_details": None, "error": None, "output": [],
+            "previous_response_id": raw.get("previous_response_id"),
+            "instructions": instructions if isinstance(instructions, (str, list)) else None,
             "tools": [{"type": "function", **t["function"]} for t in req.tools or []], "tool_choice": req.tool_choice,
-            "parallel_tool_calls": True, "metadata": {}, "temperature": req.sampling.temperature,
-            "top_p": req.sampling.top_p, "max_output_tokens": req.sampling.max_tokens, "usage": None}
+            "parallel_tool_calls": True, "metadata": metadata if isinstance(metadata, dict) else {},
+            "temperature": req.sampling.temperature, "top_p": req.sampling.top_p,
+            "max_output_tokens": req.sampling.max_tokens, "usage": None}
 
 
-def response_body(done: Completion, req: ChatRequest, rid: str, previous: str | None) -> dict[str, Any]:
-    """The Response object for a request's (single) choice."""
+def response_body(done: Completion, req: ChatRequest, rid: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The Response object for a request's (single) choice (``raw``: the request body)."""
     c = done.choices[0]
     cut = c.finish_reason == "length"
-    return {**response_skeleton(req, rid, previous), "status": "incomplete" if cut else "completed",
+    return {**response_skeleton(req, rid, raw), "status": "incomplete" if cut else "completed",
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
             "output": _items(c, rid.removeprefix("resp_")),
             "usage": {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens,

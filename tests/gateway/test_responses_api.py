@@ -117,3 +117,23 @@ def test_response_log_forgets_the_oldest_past_its_bounds():
     assert e.value.status == 404 and e.value.param == "previous_response_id"
     log.remember("big", done, [{"role": "user", "content": "y" * 9_900}])  # the character bound evicts too
     assert len(log) == 1 and log.chars <= 10_000
+
+
+async def test_a_response_echoes_instructions_and_metadata_and_marks_a_cut_message_incomplete(qwen3):
+    gw, eng = await serve(qwen3, [NO_THINK + "She is 34.<|im_end|>"] * 2, max_model_len=4096)
+    try:
+        c = client(gw, "echo")
+        kw = dict(model="tiny", instructions="Be brief.", input="How old is Ann?", metadata={"run": "7"},
+                  max_output_tokens=6)
+        r = await c.responses.create(**kw)
+        assert (r.instructions, r.metadata) == ("Be brief.", {"run": "7"})
+        assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+        assert r.output[-1].type == "message" and r.output[-1].status == "incomplete"
+        events = [e async for e in await c.responses.create(stream=True, **kw)]
+        assert events[0].response.instructions == "Be brief." and events[0].response.metadata == {"run": "7"}
+        assert events[-1].type == "response.incomplete"
+        done = events[-1].response
+        assert (done.instructions, done.metadata, done.output[-1].status) == ("Be brief.", {"run": "7"}, "incomplete")
+        assert [e.item.status for e in events if e.type == "response.output_item.done"][-1] == "incomplete"
+    finally:
+        await gw.stop()
