@@ -14,7 +14,8 @@ form ``key=value`` are env kwargs given to every env checked (values read as YAM
 
 ``serve ID [key=value ...]`` serves the env as an OpenEnv environment server (openenv-core's own server: HTTP and
 the ``/ws`` WebSocket session; see :mod:`agentrl.envs.bridges.openenv_server`), on loopback unless ``--host`` says
-otherwise.
+otherwise; requests from other sites' web pages and by other host names are refused unless ``--allowed-origin`` and
+``--allowed-host`` name them.
 
 ``list`` prints the registered ids, then one ``<namespace>/<name>`` line per env family (ids made on first use;
 ``--family NAMESPACE`` lists the family's names).
@@ -56,6 +57,12 @@ def add_parser(subparsers: Any) -> None:
     p_serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p_serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p_serve.add_argument("--max-sessions", type=int, default=64, help="concurrent WebSocket sessions (default 64)")
+    p_serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                         help="a host name clients reach the server by, beyond the loopback names and --host "
+                              "(repeatable; '*' accepts any)")
+    p_serve.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                         help="a web page origin allowed to use the server, e.g. http://localhost:3000 (repeatable; "
+                              "none by default)")
     p_serve.set_defaults(func=_serve)
 
 
@@ -100,7 +107,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"agentrl envs serve: {e}")
         return 2
     try:
-        serve(args.id, env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions)
+        serve(args.id, env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions,
+              allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin)
     except Exception as e:  # a bad id or kwarg: one line, not a traceback
         print(f"agentrl envs serve: {type(e).__name__}: {e}")
         return 1

@@ -10,6 +10,10 @@ Wire format: the action is ``{"message": <the model's text>}`` (the field name o
 client drives any agentrl env); the observation is ``{"messages": [chat messages to append], "truncated": bool,
 "info": {...}}`` with ``reward`` and ``done`` (terminated or truncated) beside it, as openenv-core serialises every
 observation. ``reset`` takes ``seed`` (and ``task``, passed as ``options={"task": ...}``).
+
+:func:`serve` puts the server behind agentrl's Host and Origin rules (:func:`guarded`): a web page on another site,
+or one reaching loopback through a rebound DNS name, is refused (403 / 421), while OpenEnv's clients, which send no
+``Origin``, are served.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ except ImportError as e:  # an optional extra: say which
     raise ImportError(f"serving OpenEnv needs openenv-core: pip install 'agentrl[openenv]' ({e})") from e
 
 from agentrl.core import Env, as_messages
+from agentrl.netguard import ASGIGuard, HostCheck, default_hosts
 from agentrl.registration import make
 
 
@@ -115,9 +120,22 @@ def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_sessions
                               max_concurrent_envs=max_sessions)
 
 
+def guarded(app: Any, host: str, port: int, allowed_hosts: list[str] | None = None,
+            allowed_origins: list[str] | None = None) -> ASGIGuard:
+    """``app`` behind the Host and Origin rules of every agentrl server (:mod:`agentrl.netguard`): reached by the
+    loopback names, ``host`` and ``allowed_hosts`` on ``port`` (any name on a wildcard bind, or with ``"*"``), from no
+    web page but those of ``allowed_origins``. openenv-core's server has no such check, and a page the user opens
+    could otherwise drive the served env over ``/ws`` (a WebSocket needs no CORS preflight)."""
+    names = default_hosts(host)
+    return ASGIGuard(app, HostCheck(None if names is None else [*names, *(allowed_hosts or [])], port),
+                     allowed_origins or ())
+
+
 def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, host: str = "127.0.0.1", port: int = 8000,
-          max_sessions: int = 64) -> None:
-    """Serves ``env_id`` with uvicorn until interrupted."""
+          max_sessions: int = 64, allowed_hosts: list[str] | None = None,
+          allowed_origins: list[str] | None = None) -> None:
+    """Serves ``env_id`` with uvicorn until interrupted (behind :func:`guarded`)."""
     import uvicorn
 
-    uvicorn.run(make_app(env_id, env_kwargs, max_sessions), host=host, port=port, log_level="warning")
+    app = guarded(make_app(env_id, env_kwargs, max_sessions), host, port, allowed_hosts, allowed_origins)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

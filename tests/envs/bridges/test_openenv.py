@@ -358,3 +358,44 @@ def test_a_typed_answer_is_read_like_every_envs_answer(text, value):
 
     assert build_action(ActionShape("action_id", "integer", ("action_id",), "{action_id: integer}"), text) == {
         "action_id": value}
+
+
+def test_a_served_env_refuses_other_sites_pages_and_rebound_host_names(served_guess):
+    """A web page the user opens can reach a loopback server: its WebSocket needs no CORS preflight, and a name it
+    rebinds to 127.0.0.1 reaches it as same-origin. `agentrl envs serve` refuses both, as the gateway does, and
+    OpenEnv's own clients (which send no Origin) still get their session."""
+    import asyncio
+
+    import urllib.error
+    import urllib.request
+
+    import websockets
+
+    port = int(served_guess.rsplit(":", 1)[1])
+
+    async def handshake(headers: dict[str, str], name: str = "127.0.0.1") -> int | str:
+        try:  # the Host header names `name`; the connection goes to loopback whatever it is
+            async with websockets.connect(f"ws://{name}:{port}/ws", host="127.0.0.1", port=port,
+                                          additional_headers=headers) as ws:
+                await ws.send(json.dumps({"type": "reset", "data": {"seed": 1}}))
+                return json.loads(await ws.recv())["type"]
+        except websockets.InvalidStatus as e:
+            return e.response.status_code
+
+    assert asyncio.run(handshake({"Origin": "http://evil.example"})) == 403
+    assert asyncio.run(handshake({}, "evil.example")) == 421
+    assert asyncio.run(handshake({})) == "observation"
+
+    def post(path: str, headers: dict[str, str], body: bytes = b'{"seed": 1}') -> int:
+        req = urllib.request.Request(f"{served_guess}{path}", data=body, method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    json_type = {"Content-Type": "application/json"}
+    assert post("/reset", {**json_type, "Origin": "http://evil.example"}) == 403
+    assert post("/reset", {**json_type, "Host": "evil.example"}) == 421
+    assert post("/reset", {"Content-Type": "text/plain"}) == 415  # a cross-site "simple" request: no preflight
+    assert post("/reset", json_type) == 200
