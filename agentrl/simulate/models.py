@@ -348,8 +348,12 @@ class ResponseModel:
     def validate(self) -> None:
         if not 0 <= self.task_share <= 1:
             raise ValueError(f"response.task_share must be in [0, 1], got {self.task_share}")
-        if self.response_mean <= 0 or self.max_response < 1 or self.prompt_tokens < 0 or self.obs_tokens < 0:
-            raise ValueError("response: response_mean > 0, max_response >= 1, prompt_tokens and obs_tokens >= 0")
+        for name, value, ok, rule in (("response_mean", self.response_mean, self.response_mean > 0, "> 0"),
+                                      ("max_response", self.max_response, self.max_response >= 1, ">= 1"),
+                                      ("prompt_tokens", self.prompt_tokens, self.prompt_tokens >= 0, ">= 0"),
+                                      ("obs_tokens", self.obs_tokens, self.obs_tokens >= 0, ">= 0")):
+            if not ok:
+                raise ValueError(f"response.{name} must be {rule}, got {value}")
 
 
 def load_trajectories(path: str) -> list[tuple[int, int]]:

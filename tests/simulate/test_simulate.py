@@ -210,6 +210,10 @@ def test_env_latency_caps_fail_slow_steps_and_validation():
         EngineModel(replicas=0).validate()
     with pytest.raises(ValueError, match="trainer.mfu"):
         TrainerModel(mfu=0).validate()
+    for field, value, rule in (("response_mean", -5, "> 0"), ("max_response", 0, ">= 1"), ("prompt_tokens", -1, ">= 0"),
+                               ("obs_tokens", -2, ">= 0")):  # the field and the value given, as every other check
+        with pytest.raises(ValueError, match=f"^response.{field} must be {rule}, got {value}$"):
+            ResponseModel(**{field: value}).validate()
 
 
 def test_lockstep_envs_step_together():
