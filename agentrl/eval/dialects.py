@@ -203,7 +203,7 @@ def reply(dialect: str, answer: Any) -> Reply:
             finish = "tool_calls" if calls else ("length" if cand.get("finishReason") == "MAX_TOKENS" else "stop")
             return Reply("".join(text), calls, finish, int(u.get("promptTokenCount") or 0),
                          int(u.get("candidatesTokenCount") or 0))
-    except (KeyError, IndexError, TypeError, AttributeError) as e:
+    except (KeyError, IndexError, TypeError, AttributeError, OverflowError) as e:  # Overflow: a usage of Infinity
         raise ValueError(f"not a {dialect} answer ({type(e).__name__}: {e})") from None
     raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}")
 

@@ -11,7 +11,8 @@ native ``tools``; the model's native tool calls reach the env in agentrl's text 
 What a hosted API cannot give: token ids, log-probs and versions. Trajectories are text-level (``token_ids``
 empty, ``info["text_level"]`` true): good for evaluation reports, not for training.
 
-Failures: 429 and 5xx answers and lost connections are retried with exponential backoff (``retries`` times); a
+Failures: 429 and 5xx answers and lost connections are retried with exponential backoff (``retries`` times), at
+least as late as the answer's ``Retry-After`` asks (up to a minute); a
 401/403 (bad key), a 404 (unknown model or path) or another 4xx fails at once with the server's message. A run
 whose requests used more than ``max_total_tokens`` (prompt + completion, as the API reports them) refuses every
 later request with :class:`SpendLimit`. An episode that fails ends as an error (the eval's records say which and
@@ -21,9 +22,12 @@ why); the eval run itself is resumable as any other.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
+import math
 import os
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,21 +123,24 @@ class HostedChatPolicy(Policy):
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=cfg.timeout_s))
         hdrs = dialects.headers(cfg.dialect, os.environ.get(cfg.api_key_env, ""))
         url = cfg.base_url.rstrip("/") + path
-        last = ""
+        last, asked = "", 0.0
         async with self._sem:
             for attempt in range(cfg.retries + 1):
                 if attempt:
                     self.usage["retries"] += 1
-                    await asyncio.sleep(cfg.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random() / 2))
+                    await asyncio.sleep(max(asked, cfg.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random() / 2)))
+                asked = 0.0
                 try:
                     async with self._session.post(url, json=body, headers=hdrs) as r:
                         text = await r.text()
                         status = r.status
+                        waits = r.headers
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                     last = f"{type(e).__name__}: {e}"
                     continue
                 if status == 429 or status >= 500:
                     last = f"HTTP {status}: {text[:300]}"
+                    asked = retry_after(waits)
                     continue
                 if status != 200:
                     raise HostedAPIError(f"{url}: HTTP {status}{_hint(status)}: {text[:500]}")
@@ -146,6 +153,33 @@ class HostedChatPolicy(Policy):
                 self.usage["completion_tokens"] += rep.completion_tokens
                 return rep
         raise HostedAPIError(f"{url}: gave up after {cfg.retries + 1} attempts (last: {last})")
+
+
+MAX_RETRY_AFTER_S = 60.0
+
+
+def retry_after(headers: Any) -> float:
+    """Seconds a 429/5xx answer asks the client to wait: ``retry-after-ms`` (OpenAI's), else ``Retry-After`` in
+    seconds or as an HTTP date; 0 when it asks nothing readable. At most :data:`MAX_RETRY_AFTER_S`, as OpenAI's own
+    client bounds it: a server asking for longer is better retried later than waited on with a request held.
+    ``headers``: case-insensitive (aiohttp's)."""
+    def number(text: str | None, scale: float = 1.0) -> float | None:
+        try:
+            value = float(text) * scale if text else math.nan
+        except ValueError:
+            return None
+        return value if math.isfinite(value) else None
+
+    wait = number(headers.get("retry-after-ms"), 1e-3)
+    if wait is None:
+        text = (headers.get("retry-after") or "").strip()
+        wait = number(text)
+        if wait is None and text:
+            try:
+                wait = email.utils.parsedate_to_datetime(text).timestamp() - time.time()
+            except (ValueError, TypeError, OverflowError):
+                wait = None
+    return min(max(wait or 0.0, 0.0), MAX_RETRY_AFTER_S)
 
 
 def _hint(status: int) -> str:

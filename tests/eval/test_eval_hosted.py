@@ -32,9 +32,10 @@ class FakeAPI:
         self.script, self.requests = list(script), []
 
     async def handle(self, request: web.Request) -> web.Response:
-        self.requests.append({"auth": request.headers.get("Authorization"), "body": await request.json()})
-        status, body = self.script.pop(0) if len(self.script) > 1 else self.script[0]
-        return web.json_response(body, status=status)
+        self.requests.append({"auth": request.headers.get("Authorization"), "body": await request.json(),
+                              "at": asyncio.get_running_loop().time()})
+        status, body, *headers = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        return web.json_response(body, status=status, headers=headers[0] if headers else None)
 
     async def __aenter__(self):
         app = web.Application()
@@ -96,6 +97,47 @@ async def test_rate_limits_and_server_errors_are_retried_then_given_up():
             await pol.session(EpisodeMeta("t", "g", "e", 0)).act([{"role": "user", "content": "hi"}])
         await pol.aclose()
     assert len(api.requests) == 3
+
+
+async def test_a_rate_limit_waits_as_long_as_its_retry_after_asks():
+    # Hosted APIs say how long to wait; retrying sooner (backoff_s=0 here) spends the retries while still limited.
+    for wait in ({"Retry-After": "1"}, {"retry-after-ms": "1000"}):
+        async with FakeAPI([(429, {"error": "slow down"}, wait), reply("ok")]) as api:
+            pol = HostedChatPolicy(HostedConfig(api.url, "m", backoff_s=0, retries=1))
+            a = await pol.session(EpisodeMeta("t", "g", "e", 0)).act([{"role": "user", "content": "hi"}])
+            assert a.text == "ok"
+            await pol.aclose()
+        assert api.requests[1]["at"] - api.requests[0]["at"] >= 1.0, wait
+
+
+def test_retry_after_reads_seconds_milliseconds_and_dates_and_ignores_nonsense():
+    import email.utils
+    import time
+
+    from multidict import CIMultiDict
+
+    from agentrl.eval.hosted import MAX_RETRY_AFTER_S, retry_after
+
+    def wait(**h):
+        return retry_after(CIMultiDict({k.replace("_", "-"): v for k, v in h.items()}))
+
+    assert wait(Retry_After="2") == 2.0 and wait(retry_after_ms="250") == 0.25
+    assert wait(retry_after_ms="soon", Retry_After="3") == 3.0  # an unreadable one does not hide the other
+    assert 0 < wait(Retry_After=email.utils.formatdate(time.time() + 30, usegmt=True)) <= 30
+    assert wait(Retry_After="999999") == MAX_RETRY_AFTER_S
+    for nonsense in ("garbage", "-3", "nan", "1e999", "Mon, 99 Foo", email.utils.formatdate(0, usegmt=True)):
+        assert wait(Retry_After=nonsense) == 0.0, nonsense
+    assert wait() == 0.0
+
+
+async def test_an_answer_with_nonsense_usage_is_an_api_error_not_a_crash():
+    body = reply("ok")[1]
+    body["usage"]["prompt_tokens"] = float("inf")  # json.dumps writes Infinity, which json.loads reads back
+    async with FakeAPI([(200, body)]) as api:
+        pol = HostedChatPolicy(HostedConfig(api.url, "m", backoff_s=0, retries=0))
+        with pytest.raises(HostedAPIError, match="not a chat answer"):
+            await pol.session(EpisodeMeta("t", "g", "e", 0)).act([{"role": "user", "content": "hi"}])
+        await pol.aclose()
 
 
 async def test_a_bad_key_fails_at_once_with_a_clear_error():
