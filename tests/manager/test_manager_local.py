@@ -367,15 +367,14 @@ async def test_discard_lets_admission_produce_more():
     pol = EchoPolicy()
     async with EnvManager(cfg, pol) as m:
         m.start(specs)
+        # Admission runs when an episode ends and in discard/set_version, synchronously: once every episode
+        # started so far has ended (as each group taken here has), whatever admission allows has started.
         g1 = await m.next_group()
-        await asyncio.sleep(0.1)
         assert m.metrics()["started"] == 2 and m.metrics()["accepted"] == 2  # stalled at (0 + 0 + 1) * 2
         m.discard(2)  # the trainer filtered that group out
         g2 = await asyncio.wait_for(m.next_group(), 5)
-        await asyncio.sleep(0.1)
-        assert m.metrics()["started"] == 4
+        assert m.metrics()["started"] == 4 and m.metrics()["finished"] == 4
         m.set_version(1)  # the engine still serves version 0: admission counts its version, so nothing starts
-        await asyncio.sleep(0.1)
         assert m.metrics()["started"] == 4
         pol.current_version = 1
         m.set_version(1)  # called again once the engine moved: the next version's batch is admitted

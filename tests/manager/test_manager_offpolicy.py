@@ -117,9 +117,9 @@ async def test_restore_continues_admission_without_a_burst():
     async with EnvManager(cfg, pol) as m:
         m.restore(version=10, accepted=40)  # resumed at step 10 with B = 4
         m.start(specs)
-        while m.metrics()["started"] < 4:  # the batch admission allows, however slowly the workers start
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)  # a burst would have started more by now
+        await _until(lambda: m.metrics()["started"] >= 4, 60)  # the batch admission allows, however slowly workers start
+        # Every admitted episode has ended, and admission runs when one ends: a burst would have started more.
+        await _until(lambda: m.metrics()["finished"] >= 4, 60)
         started = m.metrics()["started"]
         await m.stop()
     assert started == 4  # one batch, as at step 0 (a fresh counter would have admitted 44)
