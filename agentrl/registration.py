@@ -214,8 +214,7 @@ def check_make(id: str, kwargs: dict[str, Any] | None = None) -> None:
     """Makes one env of ``id`` with ``kwargs`` and closes it, so that a config's env fails when it is loaded, not in
     every episode after minutes of engine start-up. Raises ``ValueError`` ("cannot make ID with kwargs {...}: TypeError:
     ...") whatever the constructor raised: an unknown keyword, a value the env refuses, a library that validates with
-    ``assert`` (reasoning-gym), a missing extra. ``RegistrationError`` for an unknown id, as :func:`spec`."""
-    spec(id)
+    ``assert`` (reasoning-gym), a missing extra. ``RegistrationError`` for an unknown id, as :func:`make`."""
     kwargs = dict(kwargs or {})
     try:
         env = make(id, **kwargs)

@@ -76,7 +76,7 @@ def load_config(args: argparse.Namespace) -> GatewayRunConfig:
     else:
         cfg = from_dict(GatewayRunConfig, apply_overrides({}, overrides), "<command line>")
     if getattr(args, "allowed_host", None):
-        from agentrl.gateway.guard import LOOPBACK_NAMES, default_hosts
+        from agentrl.netguard import LOOPBACK_NAMES, default_hosts
 
         base = cfg.gateway.allowed_hosts or default_hosts(cfg.gateway.host) or list(LOOPBACK_NAMES)
         cfg.gateway.allowed_hosts = [*base, *args.allowed_host]

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import ipaddress
 
-    from agentrl.gateway.guard import LOOPBACK_NAMES, default_hosts
+    from agentrl.netguard import LOOPBACK_NAMES, default_hosts
     from agentrl.viewer.server import RunData, start
 
     try:

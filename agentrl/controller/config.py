@@ -35,10 +35,7 @@ class EnvConfig:
     def validate(self) -> None:
         from agentrl.registration import check_make
 
-        try:
-            check_make(self.id, self.kwargs)
-        except Exception as e:
-            raise ValueError(str(e)) from e
+        check_make(self.id, self.kwargs)  # ValueError (the loader names the section)
         if self.seed_start < 0 or self.seed_start >= EVAL_SEED_START:
             raise ValueError(f"seed_start must be in [0, {EVAL_SEED_START}) (higher seeds are held out), got {self.seed_start}")
 

@@ -58,7 +58,8 @@ from agentrl.gateway import gemini
 from agentrl.gateway.anthropic import error_body
 from agentrl.gateway.choices import Completion
 from agentrl.gateway.config import GatewayConfig
-from agentrl.gateway.guard import HostCheck, app_runner, cross_site_problem, default_hosts, origin_allowed
+from agentrl.gateway.guard import app_runner, cross_site_problem
+from agentrl.netguard import HostCheck, default_hosts, origin_allowed
 from agentrl.gateway.keys import Keys
 from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, bad, parse_chat, parse_completion, \
     parse_json

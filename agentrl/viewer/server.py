@@ -39,7 +39,8 @@ from typing import Any
 from aiohttp import web
 
 from agentrl.controller.runlog import TRAINER_LOGPROBS, TRAJECTORIES
-from agentrl.gateway.guard import HostCheck, app_runner, default_hosts
+from agentrl.gateway.guard import app_runner
+from agentrl.netguard import HostCheck, default_hosts
 from agentrl.viewer.data import (
     TERMINATIONS, Filter, LogprobIndex, MetricsFile, TrajectoryIndex, UnsafePath, open_nofollow, safe_file,
 )
