@@ -32,10 +32,11 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from agentrl import proctemp
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -71,7 +72,7 @@ class AdapterSet:
 
     def __init__(self, llm: Any, config: dict[str, Any], dtype: Any) -> None:
         self.llm, self.config, self.dtype = llm, dict(config), dtype
-        self.root = Path(tempfile.mkdtemp(prefix="agentrl-lora-"))
+        self.root = Path(proctemp.make("agentrl-lora-", directory=True))  # swept if the process is killed
         self.current = 0
         self._requests: dict[int, Any] = {}  # version -> vllm LoRARequest (absent: the bare base model)
         self._holders: Counter[int] = Counter()

@@ -22,7 +22,8 @@ weight-transfer phases (``init_weight_transfer``, ``start_weight_update``, ``rec
 ``finish_weight_update``, then ``commit``) for a trainer that broadcasts (:mod:`agentrl.inference.weight_transfer`).
 
 Processes: the engine core and its workers are child processes; :mod:`agentrl.inference.orphan_guard` kills them
-if this process dies without :meth:`VLLMEngine.close` (vLLM's engine core does not watch the process that spawned it).
+if this process dies without :meth:`VLLMEngine.close` (vLLM's engine core does not watch the process that spawned it);
+their sockets go to a directory that lives and dies with this process (:mod:`agentrl.inference.rpc_dir`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import threading
 import time
 from typing import Any, Callable, Coroutine, TypeVar
 
-from agentrl.inference import orphan_guard
+from agentrl.inference import orphan_guard, rpc_dir
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import WORKER_EXTENSION, EngineConfig
 
@@ -178,6 +179,7 @@ class VLLMEngine(InferenceEngine):
             kwargs["distributed_executor_backend"] = UniProcExecutor
         kwargs.update(cpu_args)
         kwargs.update(self.cfg.extra_engine_args)
+        rpc_dir.ensure()  # before the engine's processes start: they inherit its path
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self._guard = orphan_guard.guard(orphan_guard.engine_core_pids(self._llm))
         self._update_lock = asyncio.Lock()
@@ -264,7 +266,7 @@ class VLLMEngine(InferenceEngine):
         adapter_version, lora_request = self.adapter_set.acquire() if self.adapter_set else (None, None)
         stream = self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), sp, request_id,
                                     lora_request=lora_request)
-        try:
+        try:  # a cancelled caller ends the stream, and AsyncLLM.generate aborts the vLLM request
             async for out in stream:
                 comp = out.outputs[0]
                 new = list(comp.token_ids)
@@ -279,9 +281,6 @@ class VLLMEngine(InferenceEngine):
                     tell(new)
                 if comp.finish_reason is not None:
                     finish, stop_reason, spans = comp.finish_reason, comp.stop_reason, comp.weight_versions
-        except asyncio.CancelledError:
-            # The caller went away; AsyncLLM.generate aborts the vLLM request on cancellation.
-            raise
         finally:
             if adapter_version is not None:
                 await asyncio.shield(self.adapter_set.release(adapter_version))

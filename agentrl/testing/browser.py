@@ -26,6 +26,8 @@ from typing import Any
 
 import aiohttp
 
+from agentrl import proctemp
+
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-extensions", "--disable-default-apps",
          "--no-default-browser-check", "--mute-audio", "--hide-scrollbars", "--disable-dev-shm-usage")
@@ -80,11 +82,13 @@ class Chromium:
     async def start(self) -> None:
         if not self.binary:
             raise BrowserError("no Chromium found: install Debian's 'chromium' package or set AGENTRL_CHROMIUM")
-        self._profile = tempfile.mkdtemp(prefix="agentrl-chromium-")
+        # its singleton lock socket goes under the profile: /org.chromium.Chromium.XXXXXX/SingletonSocket (46 bytes)
+        self._profile = tempfile.mkdtemp(prefix="agentrl-chromium-", dir=proctemp.socket_parent(26 + 46))
         self._proc = await asyncio.create_subprocess_exec(
             self.binary, *FLAGS, f"--user-data-dir={self._profile}", "--remote-debugging-port=0",
             f"--window-size={self.width},{self.height}", "about:blank",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            env=dict(os.environ, TMPDIR=self._profile))  # its singleton lock dir goes with the profile
         ws_url = None
         seen: list[str] = []
 

@@ -15,9 +15,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from typing import Iterator
+
+from agentrl import proctemp
 
 
 def free_port() -> int:
@@ -33,12 +36,14 @@ def vllm_server(model: str, args: list[str], env: dict[str, str] | None = None,
     environment; yields the port once healthy. Raises RuntimeError, naming the log, if it exits or is not healthy
     within ``ready_s``."""
     port = free_port()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING", VLLM_CPU_OMP_THREADS_BIND="nobind",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env or {}))
+    # vLLM leaves its ZMQ sockets (/<uuid4>, 37 bytes) behind: they go with this directory
+    sockets = tempfile.TemporaryDirectory(prefix="agentrl-vllm-server-", dir=proctemp.socket_parent(37 + 30))
+    env = dict(os.environ, VLLM_RPC_BASE_PATH=sockets.name, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
+               VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env or {}))
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "float32",
            "--max-model-len", "2048", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
            "--distributed-executor-backend", "uni", *args]
-    with serve(cmd, env, port, ready_s, "vLLM server") as p:
+    with sockets, serve(cmd, env, port, ready_s, "vLLM server") as p:
         yield p
 
 

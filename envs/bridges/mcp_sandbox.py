@@ -29,9 +29,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from agentrl import proctemp
 from agentrl.sandboxes import SandboxError
 from agentrl.sandboxes.bwrap import HOST_SYSTEM_DIRS, _bin, userns_flags
 
@@ -50,8 +50,8 @@ def _seccomp_file() -> str | None:
         program = seccomp.program()
         if program is None:
             return None
-        fd, path = tempfile.mkstemp(prefix="agentrl-mcp-seccomp-")
-        with os.fdopen(fd, "wb") as f:
+        path = proctemp.make("agentrl-mcp-seccomp-", directory=False)  # removed at exit, swept if killed
+        with open(path, "wb") as f:
             f.write(program)
         _SECCOMP_FILE = path
     return _SECCOMP_FILE

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from agentrl.inference import orphan_guard
+from agentrl.inference import orphan_guard, rpc_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,13 +45,13 @@ def kill_all(pids: list[int]) -> None:
             pass
 
 
-def start_driver(tmp_path: Path, body: str) -> tuple[subprocess.Popen, dict]:
-    """Runs ``body`` as a driver script that prints ``PIDS {json}`` and then blocks until killed; returns it and the
-    printed PIDs."""
+def start_driver(tmp_path: Path, body: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict]:
+    """Runs ``body`` as a driver script (in ``env``, else this process's environment) that prints ``PIDS {json}``
+    and then blocks until killed; returns it and the printed PIDs."""
     script = tmp_path / "driver.py"
     script.write_text(textwrap.dedent(body))
     proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=env)
     for line in proc.stdout:
         if line.startswith("PIDS "):
             return proc, json.loads(line[5:])
@@ -128,7 +130,11 @@ def test_guarding_only_dead_pids_starts_no_watcher():
 
 @pytest.mark.engine
 def test_the_real_engine_dies_with_a_driver_killed_outright(tmp_path, tiny_model_dir):
-    """vLLM's engine core (and its worker) outlived a SIGKILLed driver for 80 minutes before the guard."""
+    """vLLM's engine core (and its worker) outlived a SIGKILLed driver for 80 minutes before the guard. Its ZMQ
+    sockets went to the temp directory and stayed there (three per engine start); they now go to the driver's own
+    directory, which the next engine start on the host sweeps once the driver is gone."""
+    tmp = Path(tempfile.mkdtemp(prefix="agentrl-test-", dir="/tmp"))  # short enough for a socket's path
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"} | {"TMPDIR": str(tmp)}
     driver, pids = start_driver(tmp_path, f"""
         import json, sys
         from agentrl.inference import EngineConfig, orphan_guard
@@ -140,11 +146,18 @@ def test_the_real_engine_dies_with_a_driver_killed_outright(tmp_path, tiny_model
             tree = cores + [d for c in cores for d in orphan_guard.descendants(c)]
             print("PIDS " + json.dumps({{"cores": cores, "tree": tree}}), flush=True)
             sys.stdin.read()
-    """)
+    """, env)
     try:
         assert len(pids["cores"]) == 1 and len(pids["tree"]) >= 2, pids  # EngineCore and at least one worker
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
         assert wait_dead(pids["tree"], 60) == []
+        # (torch's compile cache and vLLM's FileStore rendezvous file may be there too: not sockets)
+        assert [p.name for p in tmp.iterdir() if p.is_socket()] == []
+        mine = [p for p in tmp.iterdir() if p.name.startswith(f"{rpc_dir.PREFIX}{driver.pid}-")]
+        assert len(mine) == 1 and any(p.is_socket() for p in mine[0].iterdir())
+        assert rpc_dir.sweep(str(tmp)) == [str(mine[0])]
+        assert not mine[0].exists()
     finally:
         kill_all([driver.pid, *pids["tree"]])
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -153,3 +153,18 @@ def test_a_script_under_tmp_is_still_there_inside_the_sandbox(tmp_path):
     tmp_path.chmod(0o755)
     out = subprocess.run(bwrap_command([sys.executable, str(script)]), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "inside", out.stderr
+
+
+def test_the_seccomp_program_file_goes_with_the_process_that_wrote_it(tmp_path):
+    """It was written once per process to the temp directory and never removed (one file per test run or job)."""
+    import subprocess
+
+    code = ("from agentrl.envs.bridges import mcp_sandbox\n"
+            "path = mcp_sandbox._seccomp_file()\n"
+            "print(path, open(path, 'rb').read() != b'')")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TMPDIR=str(tmp_path)), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    path, nonempty = out.stdout.split()
+    assert nonempty == "True" and os.path.dirname(path) == str(tmp_path)
+    assert list(tmp_path.iterdir()) == []
