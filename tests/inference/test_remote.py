@@ -105,7 +105,7 @@ async def test_sticky_sessions_and_least_inflight(server, tok):
         # Later turns of a trajectory go where its first turn went, even when that server is busier.
         busy = asyncio.create_task(eng.generate(p, SamplingParams(max_tokens=150, ignore_eos=True), request_id="r-busy",
                                                 session_id="traj-0"))
-        await asyncio.sleep(0.2)
+        await _until_tokens(eng, "r-busy")
         for i in range(8):
             await eng.generate(p, SamplingParams(max_tokens=2), request_id=f"r-turn2-{i}", session_id=f"traj-{i}")
             assert eng.server_for(f"traj-{i}") == pins[i]
@@ -190,13 +190,14 @@ async def test_versions_are_the_servers_labels(server, tok):
         gen = await eng.generate(p, SamplingParams(max_tokens=6, ignore_eos=True), request_id="r-v5")
         assert eng.version == 0 and gen.versions == [5] * 6
         # keep mode: a request spanning a relabel carries the old label, then the new one, split where the server
-        # switched (wherever that is on a slow machine).
-        task = asyncio.create_task(eng.generate(p, SamplingParams(max_tokens=200, ignore_eos=True), request_id="r-keep"))
-        await asyncio.sleep(1.0)
+        # switched: after the tokens already streamed, and (1,000 tokens against one round trip) before the end.
+        n = 1000
+        task = asyncio.create_task(eng.generate(p, SamplingParams(max_tokens=n, ignore_eos=True), request_id="r-keep"))
+        await _until_tokens(eng, "r-keep")
         await eng.update_weights({}, 6)
         g = await asyncio.wait_for(task, 900)
         k = g.versions.count(5)
-        assert g.finish_reason == "length" and g.versions == [5] * k + [6] * (200 - k)
+        assert g.finish_reason == "length" and 0 < k < n and g.versions == [5] * k + [6] * (n - k)
         # Aborted: the tokens so far, with the versions the server reported.
         task = asyncio.create_task(eng.generate(p, SamplingParams(max_tokens=1500, ignore_eos=True), request_id="r-ab2"))
         await _until_tokens(eng, "r-ab2")

@@ -29,6 +29,18 @@ PAYLOADS = [
     "javascript:window.__pwned='href'",
 ]
 HOSTILE = " ".join(PAYLOADS)
+# Resolves once a fresh image request from the page has failed: image loads asked for before it have had their turn.
+SETTLE = ("new Promise(r => { const i = new Image(); i.onload = i.onerror = () => requestAnimationFrame(() => r(true));"
+          " i.src = '/__settle?' + Math.random(); })")
+
+
+async def _console_says(page, text: str, timeout_s: float = 30) -> None:
+    """Waits until the page has logged a console message containing ``text``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not any(text in e.get("text", "") for e in page.console):
+        assert loop.time() < deadline, f"no console message with {text!r} after {timeout_s} s"
+        await asyncio.sleep(0.02)
 
 
 def get_json(url: str):
@@ -185,7 +197,7 @@ def test_hostile_text_and_paths_do_not_get_through(run_dir, view, tmp_path):
             await page.evaluate("document.querySelectorAll('#traj-head details').forEach(d => d.open = true)")
             head = await page.evaluate("document.getElementById('traj-head').textContent")
             assert PAYLOADS[0] in head and "../../../../etc/passwd" in head
-            await asyncio.sleep(0.5)  # give any injected handler time to run
+            await page.evaluate(SETTLE)  # an injected image's error handler would have run by now
             assert await page.evaluate("window.__pwned === undefined")
             # Nothing from the data became an element: one script (app.js), no img/svg-with-handlers/iframes.
             assert await page.evaluate("document.scripts.length") == 1
@@ -193,9 +205,8 @@ def test_hostile_text_and_paths_do_not_get_through(run_dir, view, tmp_path):
             # Defence in depth: even markup injected on purpose cannot run inline code under the page's CSP.
             await page.evaluate("""document.body.insertAdjacentHTML('beforeend',
                 '<img src=/nope onerror="window.__csp = 1"><script>window.__csp = 2</script>')""")
-            await asyncio.sleep(0.5)
+            await _console_says(page, "Content Security Policy")  # the handler was refused, not late
             assert await page.evaluate("window.__csp === undefined")
-            assert any("Content Security Policy" in e.get("text", "") for e in page.console)
             assert page.exceptions == []
             # Traversal through the address bar, plain and percent-encoded.
             for target in ("static/..%2f..%2fsecret.txt", "static/%2e%2e%2f%2e%2e%2fsecret.txt", "../secret.txt",
