@@ -96,6 +96,23 @@ def _main(args: argparse.Namespace) -> int:
     return asyncio.run(serve(cfg))
 
 
+def context_note(model_dir: str, max_model_len: int) -> str | None:
+    """A line for the operator when the model takes longer prompts than the engine was started for (the engine's
+    ``max_model_len`` defaults to 2,048 whatever the model; a harness's prompt is often 15-35k tokens)."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+            positions = json.load(f).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(positions, int) or positions <= max_model_len:
+        return None
+    return (f"agentrl gateway: prompts are limited to max_model_len={max_model_len} tokens; the model takes "
+            f"{positions} (--set engine.max_model_len={positions})")
+
+
 async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, engine: Any = None) -> int:
     """Starts the engine (``engine``: serve this one instead; it is not closed here) and the gateway, and serves
     until ``stop`` is set (or SIGINT/SIGTERM); returns the exit status."""
@@ -134,6 +151,9 @@ async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, e
         async with Gateway(engine, tokenizer, cfg.gateway) as gw:
             print(f"agentrl gateway: serving {gw.model_name!r} at {gw.url}/v1 (sessions: {gw.url}/s/<id>/v1)",
                   file=sys.stderr, flush=True)
+            note = context_note(model, gw.store.max_model_len)
+            if note:
+                print(note, file=sys.stderr, flush=True)
             await stop.wait()
     finally:
         for sig in signals:

@@ -528,6 +528,20 @@ def test_cli_refuses_an_open_bind_without_a_key_and_reads_its_config(tmp_path):
         load_config(args)
 
 
+def test_the_operator_is_told_when_the_model_takes_longer_prompts_than_the_engine_serves(tmp_path):
+    """A 64k model behind the default engine (2,048) answered every harness with context_length_exceeded and the
+    operator had nothing to go on."""
+    from agentrl.commands.gateway import context_note
+
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 65536}))
+    note = context_note(str(tmp_path), 2048)
+    assert note is not None and "max_model_len=2048" in note and "--set engine.max_model_len=65536" in note
+    assert context_note(str(tmp_path), 65536) is None
+    (tmp_path / "config.json").write_text("[not a config")
+    assert context_note(str(tmp_path), 2048) is None
+    assert context_note(str(tmp_path / "missing"), 2048) is None
+
+
 # -- every family's own tool-call syntax, through the openai client -------------------------------------------------
 @pytest.mark.parametrize("case", ["llama3", "mistral", "deepseek-v3.1", "glm-4.5", "gpt-oss"])
 async def test_family_tool_calls_come_back_openai_style_and_round_trip(case):
