@@ -153,6 +153,33 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, source: str = "<dict>")
     return _build(cls, data, "", source)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: PyYAML keeps the last silently, so a
+    config with ``steps: 1`` and later ``steps: 2`` trained for 2 steps without a word. A key from a merge
+    (``<<: *base``) may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line)
+            except TypeError:  # an unhashable key: the base class names it
+                continue
+            if first != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found the key {key!r} twice (first on line {first + 1})", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that refuses duplicate keys (:class:`yaml.YAMLError` naming the key and both lines)."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "<command line>") -> dict[str, Any]:
     """Returns ``data`` with each ``a.b.c=value`` applied (value parsed as YAML: ``3`` is an int, ``null`` is None)."""
     data = dict(data)
@@ -164,7 +191,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "<
         if not all(parts):
             raise ConfigError(f"{source}: override {item!r} has an empty key")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
             raise ConfigError(f"{source}: override {item!r}: value is not valid YAML: {e}") from e
         node = data
@@ -188,7 +215,7 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}): a config is a YAML file") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: invalid YAML: {e}") from e
     if data is None:

@@ -120,13 +120,15 @@ def parse_env_kwargs(items: list[str]) -> dict[str, Any]:
     Raises ``ValueError`` naming an argument whose key is not an identifier."""
     import yaml
 
+    from agentrl.config import load_yaml
+
     out: dict[str, Any] = {}
     for item in items:
         key, _, text = item.partition("=")
         if not key.isidentifier():
             raise ValueError(f"env kwarg {item!r}: the key must be a Python identifier (key=value)")
         try:
-            out[key] = yaml.safe_load(text) if text.strip() else ""
+            out[key] = load_yaml(text) if text.strip() else ""
         except yaml.YAMLError:
             out[key] = text
     return out

@@ -170,12 +170,14 @@ class EnvSpecs:
             return cls()
         import yaml
 
+        from agentrl.config import load_yaml
+
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise EnvSpecError(f"{path}: cannot read env specs: {e.strerror}") from None
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
         except yaml.YAMLError as e:
             raise EnvSpecError(f"{path}: invalid YAML/JSON: {e}") from None
         return cls(data, str(path))

@@ -53,6 +53,9 @@ def test_loads_nested_and_defaults(tmp_path):
         # NaN passes every "x < 0" bound (each comparison is False) and then poisons what reads it: never a value
         ("name: x\noptim:\n  lr: .nan\n", "optim.lr: NaN is not a value"),
         ("name: x\noptim:\n  betas: [0.9, .NaN]\n", "optim.betas[1]: NaN is not a value"),
+        # PyYAML keeps the last of a key given twice, silently: the config trained with a value nobody noticed
+        ("name: x\nsteps: 1\nsteps: 2\n", "found the key 'steps' twice (first on line 2)"),
+        ("name: x\noptim:\n  lr: 0.1\n  betas: [0.9, 0.99]\n  lr: 0.2\n", "found the key 'lr' twice (first on line 3)"),
     ],
 )
 def test_errors_name_file_and_key(tmp_path, text, needle):
@@ -61,6 +64,11 @@ def test_errors_name_file_and_key(tmp_path, text, needle):
         load(Cfg, p)
     assert str(p) in str(e.value)
     assert needle in str(e.value)
+
+
+def test_a_key_merged_in_may_be_overridden(tmp_path):
+    p = write(tmp_path, "name: x\noptim:\n  <<: {lr: 0.1, betas: [0.9, 0.99]}\n  lr: 0.2\n")
+    assert load(Cfg, p).optim.lr == 0.2
 
 
 def test_overrides(tmp_path):
