@@ -194,3 +194,36 @@ def test_sigkill_then_resume_repeats_and_skips_no_step(tmp_path):
     assert not set(trained) & set(final["open_tasks"])
     assert set(trained) | set(final["open_tasks"]) == set(range(final["next_task"]))
     assert set(in_flight) <= set(trained) | set(final["open_tasks"])
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_a_run_that_stops_on_an_error_says_what_it_keeps_and_how_to_go_on(tmp_path, monkeypatch, capsys, checkpoint):
+    """An engine core killed mid-run (the OOM killer) ended ``agentrl train`` in a 60-line traceback of vLLM's
+    internals that said nothing of the run dir or of ``--resume``."""
+    import agentrl.controller.run as run_mod
+    from agentrl.cli import main
+
+    run_dir = tmp_path / "run"
+
+    async def dies(cfg, *, resume=False, policy=None):
+        files = run_mod.RunFiles(cfg.run_dir)
+        files.root.mkdir(parents=True)
+        for step in (1, 2, 3):
+            files.append_metrics({"step": step})
+        if checkpoint:
+            (files.checkpoint_dir(2)).mkdir(parents=True)
+            (files.checkpoint_dir(2) / "trainer_state.json").write_text("{}")
+            files.checkpoint_dir(2).with_suffix(".json").write_text(json.dumps({"step": 2}))
+        raise RuntimeError("EngineCore encountered an issue.\nSee stack trace (above) for the root cause.")
+
+    monkeypatch.setattr(run_mod, "train", dies)
+    assert main(["train", str(QUICKSTART), f"run_dir={run_dir}", "progress=false"]) == 1
+    err = capsys.readouterr().err
+    assert f"the run stopped: RuntimeError: EngineCore encountered an issue. (traceback in {run_dir / 'error.log'})" in err
+    assert "has metrics up to step 3" in err
+    if checkpoint:
+        assert f"continue from the checkpoint of step 2 with: agentrl train --resume {run_dir}" in err
+    else:
+        assert "no checkpoint yet" in err
+    log = (run_dir / "error.log").read_text()
+    assert "Traceback (most recent call last)" in log and "in dies" in log and "root cause" in log
