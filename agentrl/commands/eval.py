@@ -172,12 +172,15 @@ def _main(args: argparse.Namespace) -> int:
 
         tables = sec["leaderboard"]
         print(f"BFCL ({fmt}): " + ", ".join(f"{col} {tables[t].get(col)}" for t, col in SUMMARY))
+    if result.stopped:
+        print(f"{result.out}: stopped with {t['expected'] - t['n']} of {t['expected']} instance(s) not run: "
+              f"{result.stopped}; the same command runs them (those recorded are kept); exit status 1",
+              file=sys.stderr)
     if t["errors"]:
         print(f"{result.out}: {t['errors']} episode(s) ended in an error (counted as failures; SWE predictions are "
-              f"empty patches); see the 'error' field in {result.out / 'trajectories.jsonl'}; exit status 1",
-              file=sys.stderr)
-        return 1
-    return 0
+              f"empty patches); see the 'error' field in {result.out / 'trajectories.jsonl'}; --retry-errors "
+              f"runs them again; exit status 1", file=sys.stderr)
+    return 1 if result.stopped or t["errors"] else 0
 
 
 def _validate_swe(args: argparse.Namespace) -> int:

@@ -78,10 +78,12 @@ def empty_policy_for(env_id: str, kwargs: dict[str, Any] | None = None) -> Polic
 
 @dataclass
 class BuiltPolicy:
-    """A policy and the coroutine that releases what it holds (engines)."""
+    """A policy, the coroutine that releases what it holds (engines), and ``dead``: why it can act no more (its
+    engine's process died), or None."""
 
     policy: Policy
     close: Callable[[], Any] | None = None
+    dead: Callable[[], str | None] | None = None
 
 
 def build_policy(cfg: PolicyConfig, kwargs_by_env: dict[str, dict[str, Any]] | None = None) -> BuiltPolicy:
@@ -120,4 +122,4 @@ def build_policy(cfg: PolicyConfig, kwargs_by_env: dict[str, dict[str, Any]] | N
     async def close() -> None:
         await engine.close()
 
-    return BuiltPolicy(policy, close)
+    return BuiltPolicy(policy, close, engine.dead)

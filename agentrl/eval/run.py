@@ -34,6 +34,7 @@ class EvalResult:
     out: Path
     ran: int  # episodes run by this call
     skipped: int  # instances found already done
+    stopped: str | None = None  # why the run stopped before the end (the policy's engine died), None if it did not
 
 
 def run_eval(cfg: EvalConfig, policy: Policy | None = None) -> EvalResult:
@@ -75,6 +76,7 @@ async def _run(cfg: EvalConfig, given: Policy | None) -> EvalResult:
     built = BuiltPolicy(given) if given is not None else None
     t0 = time.monotonic()
     ran = 0
+    stopped: str | None = None
     bar = _progress(cfg, len(instances), [r for k, r in done.items() if k in wanted])
     try:
         if todo:
@@ -94,6 +96,8 @@ async def _run(cfg: EvalConfig, given: Policy | None) -> EvalResult:
                 async for k, traj in mgr.stream_episodes(specs):
                     if traj.termination == "cancelled":
                         continue  # not a result: run again next time
+                    if traj.termination == "error" and built.dead is not None and (stopped := built.dead()):
+                        break  # not a result either: every episode left would fail the same way
                     inst = todo[k]
                     rec = episode_record(inst, traj)
                     # Trajectory first, then prediction, with no await between: a cancel cannot split them.
@@ -114,7 +118,7 @@ async def _run(cfg: EvalConfig, given: Policy | None) -> EvalResult:
             await _quietly(built.close())
         report = summarize([r for k, r in done.items() if k in wanted], expected, time.monotonic() - t0, model_name)
         write_report(out, report)
-    return EvalResult(report=report, out=out, ran=ran, skipped=skipped)
+    return EvalResult(report=report, out=out, ran=ran, skipped=skipped, stopped=stopped)
 
 
 def _repair_predictions(log: JsonlLog, records: list[dict[str, Any]], retry: set, model_name: str) -> None:

@@ -91,5 +91,9 @@ class InferenceEngine(abc.ABC):
     async def abort(self, request_id: str) -> None:
         """Stops one request; its ``generate`` returns with ``finish_reason == "abort"``."""
 
+    def dead(self) -> str | None:
+        """Why this engine can generate no more (its process died), or None while it can or may again."""
+        return None
+
     async def close(self) -> None:
         """Shuts the backend down; idempotent."""

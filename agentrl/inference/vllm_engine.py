@@ -288,13 +288,8 @@ class VLLMEngine(InferenceEngine):
         # With adapters every token of a request comes from the adapter it was submitted with (lora.py).
         versions = ([adapter_version] * len(token_ids) if adapter_version is not None
                     else _expand_versions(spans, len(token_ids), local_versions))
-        return Generation(
-            token_ids=token_ids,
-            logprobs=logprobs,
-            versions=versions,
-            finish_reason=reason,  # type: ignore[arg-type]
-            stop_reason=stop_reason,
-        )
+        return Generation(token_ids=token_ids, logprobs=logprobs, versions=versions,
+                          finish_reason=reason, stop_reason=stop_reason)  # type: ignore[arg-type]
 
     async def abort(self, request_id: str) -> None:
         """Aborts one request; its ``generate`` returns with ``finish_reason == "abort"`` and its tokens so far.
@@ -452,6 +447,11 @@ class VLLMEngine(InferenceEngine):
         if self.cfg.resolved_weight_sync() not in ("nccl", "gloo"):
             raise RuntimeError(f"weight_sync={self.cfg.weight_sync!r}: this engine was started without a weight-transfer "
                                "engine; set engine.weight_sync to 'nccl' (GPU) or 'gloo' (CPU)")
+
+    def dead(self) -> str | None:
+        if self._llm is not None and self._llm.errored:
+            return "the vLLM engine core exited (EngineDeadError): killed, or out of memory"
+        return None
 
     async def close(self) -> None:
         """Shuts the engine (and its child processes) down; idempotent."""

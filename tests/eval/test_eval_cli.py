@@ -225,3 +225,41 @@ def test_summarize_counts_errors_as_failures():
     assert (a["n"], a["success"], a["errors"], a["accuracy"], a["mean_time_s"]) == (2, 1, 1, 0.5, 2.0)
     assert rep["rows"][1]["n"] == 0 and rep["complete"] is False
     assert rep["total"]["prompt_tokens"] == 10 and rep["total"]["generated_tokens"] == 5
+
+
+def test_a_policy_whose_engine_died_stops_the_run_and_the_same_command_finishes_it(tmp_path, monkeypatch):
+    """An engine core killed mid-eval turned every instance left into an error result within seconds (379 of 400),
+    which a rerun then skipped as done. Now the run stops at the first episode its death fails, records none of
+    those, and the same call runs the rest."""
+    import agentrl.eval.run as run_mod
+    from agentrl.eval.policies import BuiltPolicy
+    from agentrl.policy import ScriptedPolicy
+
+    cfg_path, out, _ = slow_env(tmp_path, n=30, delay=0.0, concurrency=4)
+    state = {"calls": 0, "dead": False}
+
+    def act(conversation, meta):
+        state["calls"] += 1
+        if state["calls"] > 5:
+            state["dead"] = True
+        if state["dead"]:
+            raise RuntimeError("EngineDeadError: EngineCore encountered an issue")
+        return "done"
+
+    def dead():
+        return "the engine core exited" if state["dead"] else None
+
+    monkeypatch.setattr(run_mod, "build_policy", lambda cfg, kwargs: BuiltPolicy(ScriptedPolicy(act), None, dead))
+    sys.path.insert(0, str(HERE))
+    try:
+        cfg = load_config(cfg_path)
+        first = run_eval(cfg)
+        assert first.stopped == "the engine core exited"
+        records = read_jsonl(out / "trajectories.jsonl")
+        assert 0 < len(records) < 30 and all(r["termination"] != "error" for r in records)
+        state.update(calls=-1000, dead=False)
+        again = run_eval(cfg)
+    finally:
+        sys.path.remove(str(HERE))
+    assert again.stopped is None and again.ran == 30 - len(records) and again.skipped == len(records)
+    assert again.report["total"]["n"] == 30 and again.report["total"]["errors"] == 0
