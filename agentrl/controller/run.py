@@ -56,6 +56,7 @@ from typing import Any
 import yaml
 
 from agentrl.config import ConfigError, to_dict
+from agentrl.inference.base import unless_dead
 from agentrl.inference.config import EngineConfig
 from agentrl.manager import EpisodeSpec
 from agentrl.controller.runlog import TrajectoryLog
@@ -347,13 +348,13 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
 
             writer = SummaryWriter(str(files.root / "tb"), purge_step=step0 + 1 if step0 else None)
         if "eval_before" not in history and cfg.eval.episodes:
-            history["eval_before"] = await evaluate(engine, tokenizer, cfg, held)
+            history["eval_before"] = await unless_dead(engine, evaluate(engine, tokenizer, cfg, held))
             log.info("held-out reward before RL: %.3f (%d distinct tasks, none trained on)",
                      history["eval_before"]["reward"], len(held.eval_seeds))
 
         policy = make_policy(engine, tokenizer, cfg.rollout)
-        summary = await _loop(cfg, files, trainer, engine, weights, policy, tasks, step0, history, writer, tokenizer,
-                              held)
+        summary = await unless_dead(engine, _loop(cfg, files, trainer, engine, weights, policy, tasks, step0, history,
+                                                  writer, tokenizer, held))
         # This process's times (a resumed run counts from its restart): set-up + warm start + RL phase = wall_s.
         summary["wall_s"] = time.perf_counter() - t_start
         summary["warm_start_s"] = t_rl - t_warm

@@ -7,8 +7,11 @@ policy (weight) version that produced each. The agent loop never decodes and re-
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -97,3 +100,26 @@ class InferenceEngine(abc.ABC):
 
     async def close(self) -> None:
         """Shuts the backend down; idempotent."""
+
+
+class EngineDead(RuntimeError):
+    """The engine can generate no more (:meth:`InferenceEngine.dead` says why)."""
+
+
+async def unless_dead(engine: InferenceEngine, work: Awaitable[T], poll_s: float = 1.0) -> T:
+    """Awaits ``work``; if ``engine`` dies first, cancels it and raises :class:`EngineDead`. Work that only waits
+    for episodes would otherwise wait forever: a dead engine fails every episode at once, and the manager replaces
+    failed groups with new ones (found in a sync run whose engine core was killed mid-rollout)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            why = engine.dead()
+            if why:
+                raise EngineDead(why)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -227,3 +227,35 @@ def test_a_run_that_stops_on_an_error_says_what_it_keeps_and_how_to_go_on(tmp_pa
         assert "no checkpoint yet" in err
     log = (run_dir / "error.log").read_text()
     assert "Traceback (most recent call last)" in log and "in dies" in log and "root cause" in log
+
+
+async def test_work_that_waits_on_a_dead_engine_ends_with_engine_dead():
+    """A sync run whose engine core was killed mid-rollout waited forever: every episode failed at once and the
+    manager kept replacing the failed groups. ``unless_dead`` ends the wait once the engine says it is dead."""
+    import asyncio
+
+    from agentrl.inference.base import EngineDead, unless_dead
+
+    class Engine:
+        why = None
+
+        def dead(self):
+            return self.why
+
+    engine, cancelled = Engine(), asyncio.Event()
+
+    async def waits_for_episodes():
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    async def dies_soon():
+        await asyncio.sleep(0)
+        engine.why = "the vLLM engine core exited"
+
+    asyncio.ensure_future(dies_soon())
+    with pytest.raises(EngineDead, match="the vLLM engine core exited"):
+        await unless_dead(engine, waits_for_episodes(), poll_s=0.01)
+    assert cancelled.is_set()
+    assert await unless_dead(Engine(), asyncio.sleep(0, result=7)) == 7  # a live engine: the work's own result
