@@ -6,8 +6,8 @@ write one trajectory (``agentrl.trajectory.Trajectory`` as JSON) per line.
 
 Without ``--model`` (and without ``model:`` in the config) the tiny CPU model is used, built first if missing.
 Episodes use seeds ``seed, seed+1, ...``. Trajectories are written in the order they finish. Exit status: 0 when
-no episode ended in ``error``, 1 when some did, 2 on a config error or an unknown env id, 130 on Ctrl-C (the lines
-written so far are complete).
+no episode ended in ``error``, 1 when some did or the engine died (the run stops there), 2 on a config error or an
+unknown env id, 130 on Ctrl-C (the lines written so far are complete).
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ async def run(cfg: RolloutRunConfig, engine: Any = None) -> int:
         ecfg = from_dict(EngineConfig, {"model": model, **cfg.engine}, "engine")
         engine = await asyncio.to_thread(make_engine, ecfg)  # tens of seconds on a CPU
     counts: dict[str, int] = {}
+    dead: str | None = None
     n_tokens = n_gen = 0
     rewards: list[float] = []
     try:
@@ -141,6 +142,8 @@ async def run(cfg: RolloutRunConfig, engine: Any = None) -> int:
         with open(cfg.out, "w") as f:
             async with EnvManager(cfg.manager, policy) as mgr:
                 async for _, traj in mgr.stream_episodes(specs):
+                    if traj.termination == "error" and (dead := engine.dead()):
+                        break  # every episode left would fail the same way
                     traj.validate()
                     f.write(traj.to_json() + "\n")
                     f.flush()
@@ -157,9 +160,11 @@ async def run(cfg: RolloutRunConfig, engine: Any = None) -> int:
     finally:
         if own_engine:
             await engine.close()
+    if dead:
+        print(f"agentrl rollout: stopped after {len(rewards)} of {cfg.episodes} episodes: {dead}", file=sys.stderr)
     mean_r = sum(rewards) / len(rewards) if rewards else 0.0
     print(f"agentrl rollout: {len(rewards)} trajectories -> {cfg.out} in {elapsed:.1f} s "
           f"(engine start-up {t_roll - t:.1f} s); mean reward {mean_r:.3f}; {n_gen} generated tokens "
           f"({n_gen / max(elapsed, 1e-9):.0f}/s) of {n_tokens}; " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
           file=sys.stderr)
-    return 1 if counts.get("error") else 0
+    return 1 if counts.get("error") or dead else 0

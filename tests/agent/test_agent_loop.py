@@ -502,3 +502,30 @@ async def test_rollout_command_config_and_bad_env(tmp_path, capsys):
     cfg.env, cfg.env_kwargs = "agentrl/FrozenLake-v0", {"size": 99}  # a kwarg the env refuses: the same
     assert await run(cfg) == 2
     assert "cannot make 'agentrl/FrozenLake-v0' with kwargs {'size': 99}: ValueError" in capsys.readouterr().err
+
+
+async def test_rollout_command_stops_when_its_engine_dies(tmp_path, capsys):
+    """A killed engine core made every episode left an error line (376 of 400 in seconds); the run now stops."""
+    from agentrl.chat import load_tokenizer
+    from agentrl.cli import build_parser
+    from agentrl.commands.rollout import load_config, run
+    from agentrl.models import ensure_tiny_model
+
+    tok = load_tokenizer(ensure_tiny_model())  # the command's own: the rollout's model is the tiny one
+    class DyingEngine(FakeEngine):
+        def dead(self):
+            return "the engine core exited" if len(self.calls) > 6 else None
+
+        async def generate(self, prompt_ids, params, *, request_id, session_id=None):
+            if self.dead():
+                raise RuntimeError("EngineDeadError")
+            return await super().generate(prompt_ids, params, request_id=request_id, session_id=session_id)
+
+    engine = DyingEngine(lambda p, params, i: enc(tok, "right") + [tok.eos_token_id], tok.eos_token_id)
+    cfg = load_config(build_parser().parse_args(["rollout", "--episodes", "200", "--env", "agentrl/FrozenLake-v0",
+                                                 "--concurrency", "2", "--no-progress", "--out",
+                                                 str(tmp_path / "t.jsonl")]))
+    assert await run(cfg, engine) == 1
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    assert 0 < len(lines) < 20 and all('"termination": "error"' not in line for line in lines)
+    assert f"stopped after {len(lines)} of 200 episodes: the engine core exited" in capsys.readouterr().err
