@@ -9,9 +9,9 @@
 Point any OpenAI client at ``http://127.0.0.1:8000/s/<session>/v1`` (or send ``X-Agentrl-Session``, or use
 ``<api_key>:<session>`` as the key). End a session with ``POST /v1/sessions/<session>/end {"reward": R}``: its
 trajectory (every sampled token with its log-prob and version, in segments) is appended to ``--out`` (default
-``gateway-sessions.jsonl``). Sessions idle
-for ``session_idle_s`` and those live at shutdown are written too (``truncated``, reward 0). Exit status 0 on
-Ctrl-C/SIGTERM, 2 on a config error.
+``gateway-sessions.jsonl``). Sessions idle for ``session_idle_s`` and those live at shutdown are written too
+(``truncated``, reward 0). Exit status 0 on Ctrl-C/SIGTERM, 1 when the engine died (``/health`` answers 503 and
+requests ``engine_dead`` from then on, until the server has stopped), 2 on a config error.
 
 Requests must name an allowed host (``--allowed-host``, default: the loopback names and ``--host``; any name on a
 wildcard bind), must not come from a browser page on another origin (``gateway.allowed_origins``), and POST JSON
@@ -115,7 +115,7 @@ def context_note(model_dir: str, max_model_len: int) -> str | None:
 
 async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, engine: Any = None) -> int:
     """Starts the engine (``engine``: serve this one instead; it is not closed here) and the gateway, and serves
-    until ``stop`` is set (or SIGINT/SIGTERM); returns the exit status."""
+    until ``stop`` is set (or SIGINT/SIGTERM: 0) or the engine dies (1); returns the exit status."""
     import asyncio
     import signal
     import sys
@@ -124,6 +124,7 @@ async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, e
     from agentrl.config import from_dict
     from agentrl.gateway.server import Gateway
     from agentrl.inference import EngineConfig, make_engine
+    from agentrl.inference.base import EngineDead, unless_dead
 
     if not cfg.gateway.out:
         cfg.gateway.out = "gateway-sessions.jsonl"  # a command-line server keeps every ended session somewhere
@@ -138,6 +139,7 @@ async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, e
     if own:
         engine = await asyncio.to_thread(make_engine, from_dict(EngineConfig, {"model": model, **cfg.engine}, "engine"))
     signals: list[int] = []
+    status = 0
     if stop is None:  # the command line: Ctrl-C / SIGTERM end the server (sessions live then are written)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -154,10 +156,15 @@ async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, e
             note = context_note(model, gw.store.max_model_len)
             if note:
                 print(note, file=sys.stderr, flush=True)
-            await stop.wait()
+            try:
+                await unless_dead(engine, stop.wait())
+            except EngineDead as e:  # as vLLM's own server does: exit, so that a supervisor starts a new one
+                print(f"agentrl gateway: stopping, the engine is dead: {e}; live sessions go to {cfg.gateway.out} "
+                      f"(truncated); exit status 1", file=sys.stderr, flush=True)
+                status = 1
     finally:
         for sig in signals:
             asyncio.get_running_loop().remove_signal_handler(sig)
         if own:
             await engine.close()
-    return 0
+    return status

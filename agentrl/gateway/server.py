@@ -245,6 +245,8 @@ class Gateway(SessionRoutes, DialectRoutes):
                                None, code)
             if request.method == "OPTIONS" and "Origin" in request.headers:  # an allowed origin's CORS preflight
                 return web.Response(status=204, headers=PREFLIGHT_HEADERS)
+            if request.method == "POST" and (why := self.engine.dead()):
+                raise APIError(503, f"the engine is dead: {why}", "server_error", None, "engine_dead")
             return await handler(request)
         except ConnectionResetError:  # the client hung up: not the server's fault (this answer reaches no one)
             self._hung_up(request)
@@ -265,6 +267,10 @@ class Gateway(SessionRoutes, DialectRoutes):
         except asyncio.CancelledError:
             raise
         except Exception as e:  # never crash: the error is the response, the session is unchanged
+            if why := self.engine.dead():  # it died under this request
+                self.errors["engine_dead"] += 1
+                return _error_response(APIError(503, f"the engine is dead: {why}", "server_error", None, "engine_dead"),
+                                       request)
             log.exception("gateway: %s %s failed", request.method, request.path)
             self.errors["server_error"] += 1
             return _error_response(APIError(500, f"internal error: {e!r:.500}", "server_error", None, "internal_error"),
@@ -324,6 +330,8 @@ class Gateway(SessionRoutes, DialectRoutes):
 
     # -- handlers ---------------------------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
+        if why := self.engine.dead():  # 503, as vLLM's own server answers: a supervisor restarts it
+            return web.json_response({"status": "dead", "reason": why, "model": self.model_name}, status=503)
         return web.json_response({"status": "ok", "model": self.model_name})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -369,7 +377,8 @@ class Gateway(SessionRoutes, DialectRoutes):
             live = LiveRequest(self.renderer, chat, req.tools if chat else None, req.tool_choice if chat else "none",
                                lambda why: self.errors.update(["stream_mismatch"]))
             return await stream_live(request, run, live, writer(), keepalive_s=self.cfg.keepalive_s,
-                                     on_hang_up=self._hung_up, errors=self.errors, headers=headers)
+                                     on_hang_up=self._hung_up, errors=self.errors, headers=headers,
+                                     dead=self.engine.dead)
         return web.json_response(body(await run(None)), headers=headers)
 
     async def _forget_on_failure(self, session: Session, work: Any) -> Completion:

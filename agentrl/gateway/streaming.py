@@ -45,9 +45,11 @@ class Writer(Protocol):
 
 async def stream_live(request: web.Request, run: Callable[[LiveRequest], Awaitable[Completion]], live: LiveRequest,
                       writer: Writer, *, keepalive_s: float, on_hang_up: Callable[[web.Request], None],
-                      errors: Counter[str], headers: dict[str, str] | None = None) -> web.StreamResponse:
+                      errors: Counter[str], headers: dict[str, str] | None = None,
+                      dead: Callable[[], str | None] = lambda: None) -> web.StreamResponse:
     """Answers ``request`` with the stream of ``run(live)`` (see the module docstring); a failure after the response
-    started is counted in ``errors[code]``, as the server counts a plain error response."""
+    started is counted in ``errors[code]``, as the server counts a plain error response (``engine_dead`` when
+    ``dead()`` names why the engine can generate no more)."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
     live.sink = queue.put_nowait
     task = asyncio.ensure_future(run(live))
@@ -86,7 +88,7 @@ async def stream_live(request: web.Request, run: Callable[[LiveRequest], Awaitab
                 await resp.write(b"".join(frames))
             if ended:
                 break
-        await resp.write(b"".join(_closing(task, live, writer, errors)))
+        await resp.write(b"".join(_closing(task, live, writer, errors, dead)))
         await resp.write_eof()
     except (ConnectionResetError, asyncio.CancelledError) as e:
         task.cancel()
@@ -97,7 +99,8 @@ async def stream_live(request: web.Request, run: Callable[[LiveRequest], Awaitab
     return resp
 
 
-def _closing(task: asyncio.Future, live: LiveRequest, writer: Writer, errors: Counter[str]) -> list[bytes]:
+def _closing(task: asyncio.Future, live: LiveRequest, writer: Writer, errors: Counter[str],
+             dead: Callable[[], str | None]) -> list[bytes]:
     """The frames after the last delta: the rest of the final reading and the writer's end, or an error event."""
     try:
         done: Completion = task.result()
@@ -105,6 +108,9 @@ def _closing(task: asyncio.Future, live: LiveRequest, writer: Writer, errors: Co
         errors[e.code or e.type] += 1
         return [writer.error(e)]
     except Exception as e:
+        if why := dead():
+            errors["engine_dead"] += 1
+            return [writer.error(APIError(503, f"the engine is dead: {why}", "server_error", None, "engine_dead"))]
         log.exception("gateway: streamed request failed")
         errors["server_error"] += 1
         return [writer.error(APIError(500, f"internal error: {e!r:.500}", "server_error"))]

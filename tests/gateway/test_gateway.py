@@ -604,3 +604,65 @@ async def test_max_tokens_over_the_cap_is_clamped_and_said_in_every_route(tiny_t
     finally:
         await gw.stop()
 
+
+
+async def test_a_dead_engine_is_a_503_everywhere_and_ends_the_command_line_server(tiny_tok, tmp_path):
+    """A killed engine core left /health answering 200 "ok" while every request failed with a 500, forever: a
+    supervisor saw nothing wrong. Now /health and every request answer 503 ``engine_dead``, and ``agentrl gateway``
+    exits 1 with its live sessions written, as vLLM's own server exits."""
+    import socket
+
+    import aiohttp
+
+    from agentrl.commands.gateway import GatewayRunConfig, serve as serve_command
+
+    class DyingEngine(ScriptEngine):
+        why = None
+        die_next = False
+
+        def dead(self):
+            return self.why
+
+        async def generate(self, prompt_ids, params, *, request_id, session_id=None):
+            if self.die_next:
+                self.why = "the vLLM engine core exited"
+            if self.why:
+                raise RuntimeError("EngineDeadError('EngineCore encountered an issue')")
+            return await super().generate(prompt_ids, params, request_id=request_id, session_id=session_id)
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    eng = DyingEngine(tiny_tok, ["Hello there<eos>"])
+    out = tmp_path / "sessions.jsonl"
+    server = asyncio.ensure_future(serve_command(GatewayRunConfig(gateway=GatewayConfig(port=port, out=str(out))),
+                                                 asyncio.Event(), engine=eng))
+    base = f"http://127.0.0.1:{port}"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    async with aiohttp.ClientSession() as http:
+        while True:
+            try:
+                async with http.get(base + "/health") as r:
+                    assert r.status == 200
+                    break
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.05)
+        async with http.post(base + "/s/a/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+        eng.die_next = True  # dies under a streamed request: its stream ends in an engine_dead error event
+        async with http.post(base + "/s/b/v1/chat/completions", json={**body, "stream": True}) as r:
+            events = [json.loads(line[6:]) for line in (await r.text()).splitlines()
+                      if line.startswith("data: {")]
+            assert events[-1]["error"]["code"] == "engine_dead"
+        eng.why = None  # alive again, to die under a plain request: a 503, not the 500 of other failures
+        async with http.post(base + "/s/b2/v1/chat/completions", json=body) as r:
+            assert r.status == 503 and (await r.json())["error"]["code"] == "engine_dead"
+        for stream in (False, True):  # then every request is refused before it reaches the engine
+            async with http.post(base + "/s/c/v1/chat/completions", json={**body, "stream": stream}) as r:
+                err = (await r.json())["error"]
+                assert r.status == 503 and err["code"] == "engine_dead" and "engine core exited" in err["message"]
+        async with http.get(base + "/health") as r:
+            assert r.status == 503 and (await r.json())["reason"] == "the vLLM engine core exited"
+    assert await asyncio.wait_for(server, 30) == 1  # the server stopped by itself
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["a"] and rows[0]["termination"] == "truncated"
