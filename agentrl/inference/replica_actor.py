@@ -3,7 +3,8 @@
 
 Everything here runs inside the actor's process; the routing, the update fan-out and the retirement of dead
 replicas are the driver's (:class:`~agentrl.inference.replicas.ReplicatedEngine`). A request here belongs to one
-engine, so its tokens carry this replica's weight versions.
+engine, so its tokens carry this replica's weight versions. An actor whose engine died (its engine-core process
+killed) exits, so that the driver sees a dead replica and retires it, as it does an actor killed outright.
 """
 
 from __future__ import annotations
@@ -41,7 +42,18 @@ class EngineReplica:
         return self.engine.start_time_s
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> Generation:
-        return await self.engine.generate(prompt_ids, params, request_id=request_id)
+        try:
+            return await self.engine.generate(prompt_ids, params, request_id=request_id)
+        except Exception:
+            self._exit_if_dead()
+            raise
+
+    def _exit_if_dead(self) -> None:
+        """Ends this actor once its engine can generate no more: every call of the driver's then fails as a dead
+        actor (``RayActorError``), which retires the replica; the engine's error alone would fail every request
+        routed here, forever."""
+        if self.engine is not None and self.engine.dead():
+            ray.actor.exit_actor()
 
     async def generate_stream(self, prompt_ids: list[int], params: SamplingParams, request_id: str):
         """:meth:`generate` as a Ray streaming generator: each output step's new ids (a list), then the
@@ -53,6 +65,8 @@ class EngineReplica:
         try:
             while (ids := await queue.get()) is not None:
                 yield ids
+            if not task.cancelled() and task.exception() is not None:
+                self._exit_if_dead()
             yield task.result()
         finally:
             if not task.done():

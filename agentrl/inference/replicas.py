@@ -195,6 +195,9 @@ class ReplicatedEngine(InferenceEngine):
     def _live(self) -> list[int]:
         return [i for i, a in enumerate(self.alive) if a]
 
+    def dead(self) -> str | None:
+        return None if self._live() else "every engine replica died"
+
     def _pick(self, session_id: str | None) -> int:
         for _ in range(len(self.replicas) + 1):
             i = self.router.pick(session_id)

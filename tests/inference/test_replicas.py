@@ -269,9 +269,11 @@ async def test_streaming_tells_each_step_as_the_replica_makes_it(eng, tok):
 
 
 async def test_trajectory_moving_to_another_replica_keeps_exact_versions(eng, tok, original):
-    """A replica dies while a trajectory's turn is on it: the turn is retried on the other replica (nothing of
-    the lost request was returned) and every token keeps the version of the replica that made it. Updates go on
-    with the survivor. (Kills a replica: the last test of this module.)"""
+    """A replica's engine core dies (killed, as the OOM killer does) while a trajectory's turn is on it: the actor
+    exits, the turn is retried on the other replica (nothing of the lost request was returned) and every token keeps
+    the version of the replica that made it. Updates go on with the survivor. Before, the actor outlived its
+    engine and every request routed to it failed. (Kills a replica: the last test of this module.)"""
+    import psutil
     import ray
 
     p = _prompt(tok)
@@ -291,10 +293,11 @@ async def test_trajectory_moving_to_another_replica_keeps_exact_versions(eng, to
         await asyncio.sleep(0)
     await eng.replicas[home].node_info.remote()  # an actor runs one caller's calls in order: generate has started
     assert not turn2_task.done()
-    ray.kill(eng.replicas[home], no_restart=True)
+    (core,) = [c for c in children if "EngineCore" in " ".join(psutil.Process(c).cmdline())]
+    os.kill(core, signal.SIGKILL)
     try:
         turn2 = await asyncio.wait_for(turn2_task, 180)
-        assert eng.replica_for("mv") == 1 - home and eng.alive[home] is False
+        assert eng.replica_for("mv") == 1 - home and eng.alive[home] is False and eng.dead() is None
         assert turn2.finish_reason == "length" and turn2.versions == [v0 + 1] * 300
         versions = turn1.versions + turn2.versions
         assert versions == [v0] * 6 + [v0 + 1] * 300
