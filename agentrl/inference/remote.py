@@ -42,6 +42,7 @@ import base64
 import json
 import os
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -102,6 +103,8 @@ class RemoteEngine(InferenceEngine):
     its sessions move elsewhere on their next request.
     """
 
+    DEAD_AFTER_S = 120.0  # no server answering this long: :meth:`dead` (a run stops rather than drop its tasks)
+
     def __init__(
         self,
         urls: list[str],
@@ -133,6 +136,7 @@ class RemoteEngine(InferenceEngine):
         self.initial_version = initial_version
         self._version = initial_version
         self._inflight: dict[str, _Request] = {}  # by our request id
+        self._unanswered_since: float | None = None  # first "no server answered" since the last answer
         self._http: Any = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
         self._update_lock: asyncio.Lock | None = None
@@ -231,14 +235,27 @@ class RemoteEngine(InferenceEngine):
         while True:
             i = self.router.pick(session_id)
             try:
-                return await self._generate_on(i, list(prompt_ids), params, max_tokens, request_id, tell)
+                gen = await self._generate_on(i, list(prompt_ids), params, max_tokens, request_id, tell)
+                self._unanswered_since = None
+                return gen
             except _Retryable as e:
                 self.router.mark_unhealthy(i)
                 attempt += 1
                 if attempt > self.max_retries or not any(self.router.healthy):
                     for k in range(len(self.servers)):
                         self.router.mark_healthy(k)  # give every server another chance next time
+                    if self._unanswered_since is None:
+                        self._unanswered_since = time.monotonic()
                     raise RemoteEngineError(f"request {request_id}: no server answered ({e})") from e
+
+    def dead(self) -> str | None:
+        """Servers may come back, but a run that waits on none for ``DEAD_AFTER_S`` stops: its failing episodes
+        would otherwise give up task after task."""
+        since = self._unanswered_since
+        if since is not None and time.monotonic() - since >= self.DEAD_AFTER_S:
+            return (f"no server answered for {time.monotonic() - since:.0f} s "
+                    f"({', '.join(s.url for s in self.servers)})")
+        return None
 
     def _body(self, prompt: list[int], params: SamplingParams, max_tokens: int, request_id: str) -> dict[str, Any]:
         sp: dict[str, Any] = {

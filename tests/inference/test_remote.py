@@ -147,6 +147,12 @@ async def test_dead_server_fails_over(server, tok):
         only_dead = RemoteEngine([dead], max_retries=1)
         with pytest.raises(RemoteEngineError, match="no server answered"):
             await only_dead.generate([1, 2, 3], SamplingParams(max_tokens=2), request_id="r-dead")
+        # Servers may come back: dead() only once none has answered for DEAD_AFTER_S (a run then stops instead of
+        # giving up its tasks one failed episode after another).
+        assert only_dead.dead() is None
+        only_dead.DEAD_AFTER_S = eng.DEAD_AFTER_S = 0.0
+        assert only_dead.dead().startswith(f"no server answered for 0 s ({dead})")
+        assert eng.dead() is None  # its failover answered
         await only_dead.close()
     finally:
         await eng.close()
