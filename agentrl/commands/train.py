@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
         summary = asyncio.run(train(cfg, resume=bool(args.resume)))
+    except ConfigError:
+        raise  # found before the run started (a run dir in use): the command line's config error, exit 2
     except Exception as e:  # noqa: BLE001 (the command's last word: what stopped, what is kept, how to go on)
         return stopped(cfg.run_dir, e)
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})

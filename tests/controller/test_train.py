@@ -228,6 +228,14 @@ def test_a_run_that_stops_on_an_error_says_what_it_keeps_and_how_to_go_on(tmp_pa
     log = (run_dir / "error.log").read_text()
     assert "Traceback (most recent call last)" in log and "in dies" in log and "root cause" in log
 
+    async def refuses(cfg, *, resume=False, policy=None):  # what train() finds before it starts: still exit 2
+        raise ConfigError(f"{cfg.run_dir}: run directory already has metrics.jsonl; use --resume or another run_dir")
+
+    monkeypatch.setattr(run_mod, "train", refuses)
+    (run_dir / "error.log").unlink()
+    assert main(["train", str(QUICKSTART), f"run_dir={run_dir}", "progress=false"]) == 2
+    assert "config error: " in capsys.readouterr().err and not (run_dir / "error.log").exists()
+
 
 async def test_work_that_waits_on_a_dead_engine_ends_with_engine_dead():
     """A sync run whose engine core was killed mid-rollout waited forever: every episode failed at once and the
