@@ -154,8 +154,7 @@ class ReplicatedEngine(InferenceEngine):
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
             ray.init(include_dashboard=False, log_to_driver=False)
-        self._version = 0
-        self._closed = False
+        self._version, self._closed = 0, False
         self._lock: asyncio.Lock | None = None
         self._where: dict[str, int] = {}
         self.pg: Any = None
@@ -168,8 +167,7 @@ class ReplicatedEngine(InferenceEngine):
         except BaseException:
             self._teardown()
             raise
-        self.router = Router(len(self.replicas))
-        self.alive = [True] * len(self.replicas)
+        self.router, self.alive = Router(len(self.replicas)), [True] * len(self.replicas)
 
     @classmethod
     async def create(cls, cfg: EngineConfig) -> "ReplicatedEngine":
