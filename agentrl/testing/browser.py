@@ -33,6 +33,16 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--dis
          "--no-default-browser-check", "--mute-audio", "--hide-scrollbars", "--disable-dev-shm-usage")
 
 
+def needs_chromium() -> Any:
+    """A pytest mark: skips a browser test where Chromium is missing, except on CI (``CI=true``), which installs it
+    (.ci/sandbox-setup.sh), so that there a missing browser fails the test."""
+    import pytest
+
+    on_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    return pytest.mark.skipif(find_chromium() is None and not on_ci,
+                              reason="no Chromium on this machine (.ci/sandbox-setup.sh installs Debian's chromium)")
+
+
 def find_chromium() -> str | None:
     """The Chromium binary: ``$AGENTRL_CHROMIUM``, else ``chromium``/``chromium-browser``/``google-chrome`` on PATH."""
     env = os.environ.get("AGENTRL_CHROMIUM")

@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import stat
 import sys
 from pathlib import Path
 
-import pytest
 from aiohttp import web
 
-from agentrl.testing.browser import Chromium, find_chromium
+from agentrl.testing.browser import Chromium, find_chromium, needs_chromium
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests run with --import-mode=importlib
 from test_gateway import post, serve, tiny_tok  # noqa: E402,F401
 
-# Skipped only off CI: CI installs Chromium (.ci/sandbox-setup.sh), so there a missing browser fails the tests.
-pytestmark = pytest.mark.skipif(find_chromium() is None and os.environ.get("CI", "").lower() not in ("1", "true", "yes"),
-                                reason="no Chromium on this machine (.ci/sandbox-setup.sh installs Debian's chromium)")
+pytestmark = needs_chromium()
 
 OK = {"model": "tiny", "messages": [{"role": "user", "content": "the victim's secret prompt"}]}
 

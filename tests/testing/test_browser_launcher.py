@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
+from agentrl.testing.browser import Chromium, needs_chromium
 
-from agentrl.testing.browser import Chromium, find_chromium
-
-ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")  # CI installs Chromium: a missing one fails there
-pytestmark = pytest.mark.skipif(find_chromium() is None and not ON_CI,
-                                reason="no Chromium on this machine (.ci/sandbox-setup.sh installs Debian's chromium)")
+pytestmark = needs_chromium()
 
 
 async def test_a_closed_browser_leaves_nothing_in_the_temp_directory(monkeypatch):

@@ -5,20 +5,15 @@ the page's JS errors and CSP reports, and screenshots."""
 import asyncio
 import io
 import json
-import os
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from agentrl.controller.runlog import TRAJECTORIES, TrajectoryLog
 from agentrl.trajectory import Trajectory
-from agentrl.testing.browser import Chromium, find_chromium
+from agentrl.testing.browser import Chromium, needs_chromium
 from agentrl.viewer.tokens import find_tokenizer
 
-# Skipped only off CI: CI installs Chromium (.ci/sandbox-setup.sh), so there a missing browser fails the tests.
-pytestmark = pytest.mark.skipif(find_chromium() is None and os.environ.get("CI", "").lower() not in ("1", "true", "yes"),
-                                reason="no Chromium on this machine (.ci/sandbox-setup.sh installs Debian's chromium)")
+pytestmark = needs_chromium()
 
 SECRET = "TOP-SECRET-9c2a"
 PAYLOADS = [

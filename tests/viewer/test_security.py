@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 
-import pytest
-
-from agentrl.testing.browser import Chromium, find_chromium
+from agentrl.testing.browser import Chromium, needs_chromium
 from agentrl.trajectory import Trajectory
 from agentrl.viewer.server import RunData, start
 
@@ -89,8 +86,7 @@ async def test_a_slow_header_is_cut_off(tmp_path):
 BIDI = "safe\u202eexe.txt"
 
 
-@pytest.mark.skipif(find_chromium() is None and os.environ.get("CI", "").lower() not in ("1", "true", "yes"),
-                    reason="no Chromium on this machine (.ci/sandbox-setup.sh installs Debian's chromium)")
+@needs_chromium()
 def test_bidi_controls_are_marked_in_the_page(view, tmp_path):
     root = tmp_path / "run"
     root.mkdir()
