@@ -42,6 +42,11 @@ def bad(param: str | None, message: str, code: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
 
 
+def engine_dead(why: str) -> APIError:
+    """The 503 of every request once the engine can generate no more (``InferenceEngine.dead``)."""
+    return APIError(503, f"the engine is dead: {why}", "server_error", None, "engine_dead")
+
+
 @dataclass
 class Sampling:
     """A request's sampling fields (before the gateway's ``sampling`` policy and bounds apply)."""

@@ -62,7 +62,7 @@ from agentrl.gateway.guard import app_runner, cross_site_problem
 from agentrl.netguard import HostCheck, default_hosts, origin_allowed
 from agentrl.gateway.keys import Keys
 from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, bad, parse_chat, parse_completion, \
-    parse_json
+    engine_dead, parse_json
 from agentrl.gateway.live import LiveRequest
 from agentrl.gateway.responses_api import ResponseLog
 from agentrl.gateway.responses import chat_body, completion_body
@@ -246,7 +246,7 @@ class Gateway(SessionRoutes, DialectRoutes):
             if request.method == "OPTIONS" and "Origin" in request.headers:  # an allowed origin's CORS preflight
                 return web.Response(status=204, headers=PREFLIGHT_HEADERS)
             if request.method == "POST" and (why := self.engine.dead()):
-                raise APIError(503, f"the engine is dead: {why}", "server_error", None, "engine_dead")
+                raise engine_dead(why)
             return await handler(request)
         except ConnectionResetError:  # the client hung up: not the server's fault (this answer reaches no one)
             self._hung_up(request)
@@ -269,8 +269,7 @@ class Gateway(SessionRoutes, DialectRoutes):
         except Exception as e:  # never crash: the error is the response, the session is unchanged
             if why := self.engine.dead():  # it died under this request
                 self.errors["engine_dead"] += 1
-                return _error_response(APIError(503, f"the engine is dead: {why}", "server_error", None, "engine_dead"),
-                                       request)
+                return _error_response(engine_dead(why), request)
             log.exception("gateway: %s %s failed", request.method, request.path)
             self.errors["server_error"] += 1
             return _error_response(APIError(500, f"internal error: {e!r:.500}", "server_error", None, "internal_error"),

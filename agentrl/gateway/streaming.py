@@ -26,7 +26,7 @@ from aiohttp import web
 
 from agentrl.gateway.choices import Completion
 from agentrl.gateway.live import LiveRequest
-from agentrl.gateway.protocol import APIError
+from agentrl.gateway.protocol import APIError, engine_dead
 
 log = logging.getLogger("agentrl.gateway")
 
@@ -110,7 +110,7 @@ def _closing(task: asyncio.Future, live: LiveRequest, writer: Writer, errors: Co
     except Exception as e:
         if why := dead():
             errors["engine_dead"] += 1
-            return [writer.error(APIError(503, f"the engine is dead: {why}", "server_error", None, "engine_dead"))]
+            return [writer.error(engine_dead(why))]
         log.exception("gateway: streamed request failed")
         errors["server_error"] += 1
         return [writer.error(APIError(500, f"internal error: {e!r:.500}", "server_error"))]
