@@ -24,8 +24,6 @@ import ctypes
 import os
 import threading
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
 TICK_S = 0.05
 REPEAT_S = 0.5
@@ -82,35 +80,43 @@ def timeout_arg(value: object, owner: str) -> float:
     return float(value)
 
 
-@contextmanager
-def bounded(seconds: float | None, what: str) -> Iterator[None]:
-    """Interrupts the body with :class:`LibraryTimeout` once it has run ``seconds`` (None or 0: unbounded)."""
-    global _watchdog
-    if not seconds:
-        yield
-        return
-    call = _Call(threading.get_ident(), time.monotonic() + seconds)
-    interrupted = False
-    try:
-        try:
-            with _lock:
-                if _watchdog is None:
-                    _watchdog = threading.Thread(target=_watch, name="agentrl-deadline", daemon=True)
-                    _watchdog.start()
-                _calls[id(call)] = call
-            yield
-        finally:
-            while True:  # an interrupt landing here is consumed and the withdrawal retried
-                try:
-                    with _lock:  # once unregistered under the lock, the watchdog raises nothing more here
-                        _calls.pop(id(call), None)
-                        if call.fired:
-                            _raise_in(call.tid, None)  # withdraw one not raised yet
-                    break
-                except _Interrupt:
-                    continue
-    except _Interrupt:
-        interrupted = True
-    if interrupted:
-        raise LibraryTimeout(f"{what} did not return within {seconds:g} s and was interrupted (an endless loop in "
-                             f"the library?)")
+class bounded:
+    """``with bounded(seconds, what):`` interrupts the body with :class:`LibraryTimeout` once it has run ``seconds``
+    (None or 0: unbounded). A class rather than a generator context manager: half the cost per call, which matters
+    on calls of tens of microseconds."""
+
+    __slots__ = ("seconds", "what", "call")
+
+    def __init__(self, seconds: float | None, what: str):
+        self.seconds, self.what, self.call = seconds, what, None
+
+    def __enter__(self) -> None:
+        global _watchdog
+        if not self.seconds:
+            return
+        call = _Call(threading.get_ident(), time.monotonic() + self.seconds)
+        with _lock:
+            if _watchdog is None:
+                _watchdog = threading.Thread(target=_watch, name="agentrl-deadline", daemon=True)
+                _watchdog.start()
+            _calls[id(call)] = call
+        self.call = call
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        call = self.call
+        if call is None:
+            return False
+        self.call = None
+        while True:  # an interrupt landing here is consumed and the withdrawal retried
+            try:
+                with _lock:  # once unregistered under the lock, the watchdog raises nothing more here
+                    _calls.pop(id(call), None)
+                    if call.fired:
+                        _raise_in(call.tid, None)  # withdraw one not raised yet
+                break
+            except _Interrupt:
+                continue
+        if exc_type is not None and issubclass(exc_type, _Interrupt):
+            raise LibraryTimeout(f"{self.what} did not return within {self.seconds:g} s and was interrupted (an "
+                                 "endless loop in the library?)") from None
+        return False

@@ -11,8 +11,10 @@ Invariants:
   ``Random(config.seed + index)`` and the index from the seed.
 - A few generators draw from the process-global ``random``/``numpy.random`` (``list_functions``) or seed them
   (``pool_matrix``). Every call into the library (building a dataset, making an entry, scoring) therefore holds the
-  bridges' one lock (:mod:`.rng`), with both global generators seeded from the entry's identity and restored
-  afterwards: such entries stay reproducible, and no other code on another thread sees the global RNG state move.
+  bridges' one lock (:mod:`.rng`) and gives what it gives with both global generators seeded from the entry's
+  identity, the process's states restored afterwards: such entries stay reproducible, and no other code on another
+  thread sees the global RNG state move. Making an entry and scoring are pure, so they are seeded only when seen to
+  draw (:func:`.rng.replayable`); the rest run once, unseeded, at a seventh of the cost.
 - The model's answer never reaches a scorer that evaluates it as code (``eval``, sympy's ``parse_expr``: found in
   the scorer's source) unless it is a plain expression (:mod:`.safe_answer`) or the entry's own answer: otherwise it
   scores 0 and ``info["score_error"]`` says why. Scoring is bounded (``call_timeout_s``, 60 s; :mod:`.deadline`):
@@ -32,14 +34,14 @@ import inspect
 import json
 import re
 import typing
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager, TypeVar
 
 import numpy as np
 
 from agentrl.core import Env, Message, StepResult
 from agentrl.envs.bridges.deadline import timeout_arg
 from agentrl.envs.bridges.errors import describe
-from agentrl.envs.bridges.rng import LOCK, seeded
+from agentrl.envs.bridges.rng import LOCK, replayable, seeded
 from agentrl.envs.bridges.safe_answer import refusal
 
 try:
@@ -49,6 +51,7 @@ try:
 except ImportError as e:  # an optional extra: say which
     raise ImportError(f"reasoning_gym envs need the reasoning-gym package: pip install 'agentrl[reasoning-gym]' ({e})") from e
 
+T = TypeVar("T")
 _datasets: dict[tuple[str, str], Any] = {}
 
 
@@ -57,11 +60,21 @@ def dataset_names() -> list[str]:
     return sorted(DATASETS)
 
 
+def _seed_of(key: tuple[Any, ...]) -> int:
+    return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little")
+
+
 def global_rng(*key: Any, bound_s: float | None = None) -> ContextManager[None]:
     """Holds the bridges' one lock with ``random`` and ``numpy.random`` seeded from ``key``; puts the process's
     states back on exit (:mod:`.rng`). ``bound_s``: the body is interrupted past it (:mod:`.deadline`)."""
-    return seeded(int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little"), bound_s,
-                  f"reasoning-gym {key[0]}")
+    return seeded(_seed_of(key), bound_s, f"reasoning-gym {key[0]}")
+
+
+def library_call(fn: Callable[[], T], *key: Any, bound_s: float | None = None) -> T:
+    """``fn()`` as ``with global_rng(*key): fn()`` gives it, seeding only where ``fn`` draws from the global
+    generators (:func:`.rng.replayable`: making an entry and scoring are pure functions of their inputs and those
+    draws). The kind of call (dataset and entry or score) is remembered once seen to draw."""
+    return replayable((key[0], key[-1] == "score"), lambda: _seed_of(key), fn, bound_s, f"reasoning-gym {key[0]}")
 
 
 _EVALUATES = re.compile(r"(?<![\w.])(?:eval|exec)\(|(?:parse_expr|sympify)\(")
@@ -90,7 +103,8 @@ def answer_refusal(name: str, answer: str, entry: dict[str, Any]) -> str | None:
     return None if why is None else f"answer refused: {why} (the {source} scorer evaluates answers as code)"
 
 
-def _config_fields(name: str) -> dict[str, dataclasses.Field]:
+@functools.lru_cache(maxsize=None)
+def _config_fields(name: str) -> dict[str, dataclasses.Field]:  # once per dataset: every episode makes an env
     return {f.name: f for f in dataclasses.fields(DATASETS[name][1])}
 
 
@@ -187,8 +201,7 @@ class ReasoningGymEnv(Env):
     def entry_at(self, index: int) -> dict[str, Any]:
         """Entry ``index % size`` of the dataset (under the global-RNG lock)."""
         index %= len(self.dataset)
-        with global_rng(self.name, self.config.get("seed"), index):
-            return self.dataset[index]
+        return library_call(lambda: self.dataset[index], self.name, self.config.get("seed"), index)
 
     def index_of(self, seed: int) -> int:
         return seed % len(self.dataset)
@@ -224,8 +237,8 @@ class ReasoningGymEnv(Env):
             reward, info["score_error"] = 0.0, refused
         else:
             try:
-                with global_rng(self.name, self.config.get("seed"), self.index, "score", bound_s=self.call_timeout_s):
-                    reward = float(self.dataset.score_answer(answer, entry))
+                reward = float(library_call(lambda: self.dataset.score_answer(answer, entry), self.name,
+                                            self.config.get("seed"), self.index, "score", bound_s=self.call_timeout_s))
             except Exception as e:  # the scorer choking on the model's text is the model's failure, not the env's
                 reward, info["score_error"] = 0.0, describe(e)
         if not np.isfinite(reward):

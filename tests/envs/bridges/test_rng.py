@@ -141,3 +141,79 @@ def test_a_new_mt19937_put_in_place_is_the_one_swapped():
         assert list(np.random.random_sample(2)) == list(ref.random_sample(2))  # the new generator's own stream
     finally:
         np.random.set_bit_generator(saved)
+
+
+def _same(a, b) -> bool:
+    """Whether two (random.getstate(), numpy.random.get_state()) pairs are equal, cached normals included."""
+    return a[0] == b[0] and (a[1][1] == b[1][1]).all() and a[1][2:] == b[1][2:]
+
+
+def _seeded_result(seed: int, fn):
+    with rng.seeded(seed):
+        return fn()
+
+
+@pytest.mark.parametrize("draw", ["none", "py", "np", "cached_gauss", "cached_normal", "seeds_np"])
+def test_a_replayable_call_gives_the_seeded_result_and_runs_unseeded_only_when_it_draws_nothing(draw, monkeypatch):
+    """``replayable`` must give what ``seeded`` gives for every kind of draw, including a draw that only takes a
+    cached normal (which moves no state bytes), leave the process's generators as they were, and run ``fn`` once
+    unless it drew."""
+    monkeypatch.setattr(rng, "_DRAWS", set())
+    monkeypatch.setattr(rng, "_np_clean", None)
+    saved = random.getstate(), np.random.get_state()
+    random.seed(21)
+    np.random.seed(21)
+    if draw == "cached_gauss":
+        random.gauss(0, 1)  # leaves the pair's second normal cached in the process's generator
+    if draw == "cached_normal":
+        np.random.standard_normal()
+    ops = {"none": lambda: 7, "py": lambda: random.random(), "np": lambda: float(np.random.random_sample()),
+           "cached_gauss": lambda: random.gauss(0, 1), "cached_normal": lambda: float(np.random.standard_normal()),
+           "seeds_np": lambda: (np.random.seed(3), float(np.random.random_sample()))[1]}
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return ops[draw]()
+
+    before = random.getstate(), np.random.get_state()
+    try:
+        want = _seeded_result(99, ops[draw])
+        assert _same(before, (random.getstate(), np.random.get_state()))
+        for attempt in range(2):
+            calls.clear()
+            assert rng.replayable("kind", lambda: 99, fn) == want
+            assert _same(before, (random.getstate(), np.random.get_state()))
+            # no draw: once, unseeded; a draw seen: twice the first time, then straight to seeded; a normal
+            # cached in the process's numpy state: always seeded (its use would move no bytes)
+            expect = 1 if draw in ("none", "cached_normal") or attempt else 2
+            assert len(calls) == expect, (draw, attempt, calls)
+        assert ("kind" in rng._DRAWS) == (draw not in ("none", "cached_normal"))
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+
+
+def test_a_replayable_call_that_raises_raises_as_seeded_and_one_interrupted_leaves_the_generators(monkeypatch):
+    monkeypatch.setattr(rng, "_DRAWS", set())
+    random.seed(4)
+    before = random.getstate()
+    runs = []
+
+    def boom():
+        runs.append(random.random() if len(runs) == 0 else None)
+        raise KeyError("scorer")
+
+    with pytest.raises(KeyError):
+        rng.replayable("boom", lambda: 1, boom)
+    assert len(runs) == 2 and random.getstate() == before  # it drew: put back, and raised again seeded
+
+    def spin():
+        random.random()
+        while True:
+            pass
+
+    from agentrl.envs.bridges.deadline import LibraryTimeout
+    with pytest.raises(LibraryTimeout, match="the spinner"):
+        rng.replayable("spin", lambda: 1, spin, 0.2, "the spinner")
+    assert random.getstate() == before and "spin" not in rng._DRAWS
