@@ -14,6 +14,8 @@ Pairs (each side does the same work on the same seeds; what differs is the bridg
 - ``gem``: GEM's GuessTheNumber through the host in GEM's venv vs the same loop run bare inside that venv (its own
   timing, reported by a script run there).
 - ``nemo_gym``: a ``/step`` through ``nemo_gym/Gymnasium-v0`` vs the same POST with ``urllib`` (stand-in server).
+- ``openenv``: a step through ``openenv/Client-v0`` vs openenv-core's own ``GenericEnvClient`` on the echo env that
+  ``openenv init`` writes, served by uvicorn (remote: the WebSocket round trip).
 
 Figures: wall seconds per step and this process's CPU seconds per step (``time.process_time``, all threads), as the
 median of ``--repeats`` alternating runs; the host's and servers' own CPU is not in the CPU column (the wall column
@@ -349,11 +351,60 @@ def bench_nemo_gym(steps: int, repeats: int, tmp: Path) -> dict[str, Any]:
         proc.wait()
 
 
+def bench_openenv(steps: int, repeats: int, tmp: Path) -> dict[str, Any]:
+    """The echo env that ``openenv init`` writes, served by uvicorn on loopback (one session at a time): a step
+    through ``openenv/Client-v0`` against the same step through openenv-core's own ``GenericEnvClient`` (its sync
+    wrapper over the WebSocket session), each side opening its session, resetting and stepping."""
+    import agentrl
+    from openenv.core import GenericEnvClient
+
+    init = subprocess.run([str(Path(sys.executable).parent / "openenv"), "init", "echo_env"], cwd=tmp,
+                          capture_output=True, text=True, timeout=120)
+    if init.returncode != 0:
+        raise RuntimeError(f"openenv init failed: {init.stdout}{init.stderr}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port",
+                             str(port), "--log-level", "warning"], cwd=tmp / "echo_env",
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+
+    def bridge() -> int:
+        env = agentrl.make("openenv/Client-v0", url=url)
+        try:
+            env.reset(seed=0)
+            for _ in range(steps):
+                env.step("hello there")
+        finally:
+            env.close()
+        return steps
+
+    def bare() -> int:
+        with GenericEnvClient(base_url=url).sync() as client:
+            client.reset(seed=0)
+            for _ in range(steps):
+                client.step({"message": "hello there"})
+        return steps
+
+    try:
+        return compare("openenv/Client-v0 (echo template, uvicorn)", bridge, bare, repeats, "remote")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=400, help="steps per timed run")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs of each side (median)")
-    ap.add_argument("--only", default="", help="comma-separated subset of: reasoning_gym,textarena,mcp,outproc,gem,nemo_gym")
+    ap.add_argument("--only", default="", help="comma-separated subset of: reasoning_gym,textarena,mcp,outproc,gem,nemo_gym,openenv")
     ap.add_argument("--out", default="", help="also write the rows as JSON here")
     args = ap.parse_args()
     import tempfile
@@ -364,7 +415,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in (("reasoning_gym", bench_reasoning_gym), ("textarena", bench_textarena), ("mcp", bench_mcp),
                          ("outproc", bench_outproc), ("gem", bench_gem),
-                         ("nemo_gym", lambda s, r: bench_nemo_gym(s, r, Path(tmp)))):
+                         ("nemo_gym", lambda s, r: bench_nemo_gym(s, r, Path(tmp))),
+                         ("openenv", lambda s, r: bench_openenv(s, r, Path(tmp)))):
             if not only or name in only:
                 rows.append(fn(args.steps, args.repeats))
     end = os.getloadavg()
