@@ -35,7 +35,8 @@ server has no key. Request bodies are bounded (``max_request_bytes``), as are ``
 tokens per session, ``end``'s reward and info, and the time a prompt takes to render (in a worker thread, off the
 event loop). Every failure is an OpenAI error body (``{"error": {"message", "type", "param", "code"}}``) with a
 4xx/5xx status; no request can crash the server, a failed request leaves its session as it was, and a client that
-hangs up is counted (``gateway/errors/client_disconnected``), not logged as a server error.
+hangs up is counted (``gateway/errors/client_disconnected``), not logged as a server error; its request is cancelled,
+streamed or not, so the engine samples nothing for a client that left.
 
 **Streaming** is token by token in every dialect (:mod:`~agentrl.gateway.live`, :mod:`~agentrl.gateway.streaming`,
 :mod:`~agentrl.gateway.writers`); the response bodies: :mod:`~agentrl.gateway.responses`.
@@ -70,7 +71,7 @@ from agentrl.gateway.dialect_routes import DialectRoutes
 from agentrl.gateway.session_api import SessionRoutes
 from agentrl.gateway.sessions import Session
 from agentrl.gateway.store import SessionStore
-from agentrl.gateway.streaming import Writer, stream_live
+from agentrl.gateway.streaming import Writer, stream_live, until_hung_up
 from agentrl.gateway.writers import OpenAIWriter
 from agentrl.inference.base import InferenceEngine
 from agentrl.trajectory import Trajectory
@@ -378,7 +379,7 @@ class Gateway(SessionRoutes, DialectRoutes):
             return await stream_live(request, run, live, writer(), keepalive_s=self.cfg.keepalive_s,
                                      on_hang_up=self._hung_up, errors=self.errors, headers=headers,
                                      dead=self.engine.dead)
-        return web.json_response(body(await run(None)), headers=headers)
+        return web.json_response(body(await until_hung_up(request, run(None))), headers=headers)
 
     async def _forget_on_failure(self, session: Session, work: Any) -> Completion:
         """Awaits a session request; a failure leaves no session that served nothing (so failing requests cannot

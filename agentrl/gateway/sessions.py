@@ -23,11 +23,11 @@ context the engine was given followed by what it sampled (and the template's clo
 
 ``n > 1``: all ``n`` completions are recorded and trained with the session's reward (the completion the harness
 continues gets the later turns appended; the others are segments that end there). A request that fails (bad
-input, engine error, the session ended while it was sampled) changes nothing in its session; a completion whose
-client hung up is still recorded when it was not streamed (the engine sampled it; aiohttp does not cancel handlers on
-disconnect), so a retry of the same request is a drift, never a lost token; a streamed one is cancelled at the first
-write that finds the client gone (:mod:`~agentrl.gateway.streaming`): its engine request is aborted and nothing of
-it is recorded. Ending a session aborts its engine requests in flight.
+input, engine error, the session ended while it was sampled) changes nothing in its session. A request whose client
+hung up is cancelled, streamed or not (:mod:`~agentrl.gateway.streaming`: at the first write that finds the client
+gone, or within ``HANG_UP_POLL_S`` for a whole answer): its engine request is aborted and nothing of it is recorded,
+so a client's retry is a new request on the session as it was. Ending a session aborts its engine requests in
+flight.
 
 Modules: :mod:`~agentrl.gateway.planning` (segments, steps 1-2, in a worker thread), :mod:`~agentrl.gateway.choices`
 (reading generations into the client's choices), this module (sampling and the commit, on the event loop). A session

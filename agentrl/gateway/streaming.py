@@ -118,3 +118,30 @@ def _closing(task: asyncio.Future, live: LiveRequest, writer: Writer, errors: Co
     for i, kind, text in live.finish(done):
         frames += writer.delta(i, kind, text)
     return frames + writer.finish(done)
+
+
+HANG_UP_POLL_S = 0.5  # how often a whole (not streamed) answer's connection is looked at while it is sampled
+
+
+async def until_hung_up(request: web.Request, work: Awaitable[Completion]) -> Completion:
+    """Awaits ``work``, a whole (not streamed) answer's sampling. A client that hangs up meanwhile (a harness's
+    timeout) cancels it, as a stream's does and as vLLM's own server does: the engine request is aborted, the session
+    records nothing of it, and ``ConnectionResetError`` is raised (counted as a hang-up). aiohttp does not cancel a
+    handler whose client left, and tells no one, so the connection is looked at every :data:`HANG_UP_POLL_S`:
+    without it, a request with no ``max_tokens`` on a long-context model samples for minutes for nobody."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=HANG_UP_POLL_S)
+            if done:
+                return task.result()
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                task.cancel()
+                await asyncio.wait({task})
+                if not task.cancelled():
+                    task.exception()  # retrieved: what it ended with reaches no one
+                raise ConnectionResetError("the client hung up")
+    finally:
+        if not task.done():  # the handler itself was cancelled (the server stops)
+            task.cancel()

@@ -281,6 +281,57 @@ async def test_client_hanging_up_mid_stream_cancels_its_request_and_records_noth
         await gw.stop()
 
 
+class HoldingEngine(ScriptEngine):
+    """The scripted engine whose first whole (not streamed) answer waits until ``gate`` is set (``held`` is set
+    then); ``cancelled`` is set when that wait is cancelled."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.gate, self.held, self.cancelled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def generate(self, prompt_ids, params, *, request_id, session_id=None):
+        if not self.held.is_set():
+            self.held.set()
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        return await super().generate(prompt_ids, params, request_id=request_id, session_id=session_id)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+    ("messages", {"messages": [{"role": "user", "content": "x"}]}),
+])
+async def test_client_hanging_up_before_a_whole_answer_cancels_its_request_and_records_nothing(tiny_tok, path, body):
+    """A client that hangs up while its non-streamed answer is sampled (a harness's timeout): the engine request is
+    cancelled (aiohttp does not cancel the handler, so without the gateway watching the connection the engine would
+    go on sampling up to max_tokens for nobody), the hang-up is counted, and the session keeps nothing of it."""
+    eng = HoldingEngine(tiny_tok, ["again<eos>"])
+    gw = ClosingGateway(eng, tiny_tok, GatewayConfig(port=0), model_name="tiny")
+    gw.clients = []
+    await gw.start()
+    try:
+        async with aiohttp.ClientSession() as h:
+            post = asyncio.ensure_future(h.post(f"{gw.url}/s/gone/v1/{path}",
+                                                json={"model": "tiny", "max_tokens": 30, **body}))
+            await within(eng.held.wait())
+            post.cancel()  # hang up while the engine is held mid-answer
+            await asyncio.gather(post, return_exceptions=True)
+        await within(eng.cancelled.wait(), 30)
+        assert gw.errors.get("client_disconnected") == 1
+        assert "gone" not in gw.store.sessions  # it served nothing: forgotten, as a failed request leaves it
+        eng.gate.set()
+        r = await client(gw, "gone").chat.completions.create(model="tiny", max_tokens=30,
+                                                             messages=[{"role": "user", "content": "x"}])
+        assert r.choices[0].message.content == "again" and len(eng.calls) == 1
+        s = gw.store.sessions["gone"]
+        assert s.requests == 1 and not s._live and s.inflight == 0
+    finally:
+        await gw.stop()
+
+
 @pytest.mark.parametrize("dialect", sorted(DIALECTS))
 async def test_engine_failing_mid_stream_ends_it_with_an_error_counted_and_nothing_recorded(tiny_tok, dialect):
     """The engine raises after 3 tokens were streamed: the official client raises the dialect's error mid-stream
