@@ -295,6 +295,21 @@ def bench_gem(steps: int, repeats: int) -> dict[str, Any]:
     return row
 
 
+def start_server(argv: Callable[[int], list[str]], cwd: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """Starts ``argv(port)`` on a free loopback port and waits (up to a minute) until it accepts connections."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(argv(port), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def bench_nemo_gym(steps: int, repeats: int, tmp: Path) -> dict[str, Any]:
     import http.cookiejar
     import urllib.request
@@ -302,18 +317,7 @@ def bench_nemo_gym(steps: int, repeats: int, tmp: Path) -> dict[str, Any]:
     import agentrl
     from agentrl.envs.bridges.nemo_gym_client import response_object
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, str(TESTS / "nemo_gym_standin.py"), str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            break
-        except OSError:
-            time.sleep(0.1)
+    proc, url = start_server(lambda port: [sys.executable, str(TESTS / "nemo_gym_standin.py"), str(port)])
     row_data = {"responses_create_params": {"input": "Guess."}, "secret": 9}  # never guessed: episodes run on
     rows = tmp / "nemo_rows.jsonl"
     rows.write_text(json.dumps(row_data) + "\n")
@@ -362,19 +366,8 @@ def bench_openenv(steps: int, repeats: int, tmp: Path) -> dict[str, Any]:
                           capture_output=True, text=True, timeout=120)
     if init.returncode != 0:
         raise RuntimeError(f"openenv init failed: {init.stdout}{init.stderr}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], cwd=tmp / "echo_env",
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            break
-        except OSError:
-            time.sleep(0.1)
+    proc, url = start_server(lambda port: [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1",
+                                           "--port", str(port), "--log-level", "warning"], cwd=tmp / "echo_env")
 
     def bridge() -> int:
         env = agentrl.make("openenv/Client-v0", url=url)

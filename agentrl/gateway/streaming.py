@@ -27,6 +27,7 @@ from aiohttp import web
 from agentrl.gateway.choices import Completion
 from agentrl.gateway.live import LiveRequest
 from agentrl.gateway.protocol import APIError, engine_dead
+from agentrl.inference.base import cancel_when
 
 log = logging.getLogger("agentrl.gateway")
 
@@ -129,19 +130,9 @@ async def until_hung_up(request: web.Request, work: Awaitable[Completion]) -> Co
     records nothing of it, and ``ConnectionResetError`` is raised (counted as a hang-up). aiohttp does not cancel a
     handler whose client left, and tells no one, so the connection is looked at every :data:`HANG_UP_POLL_S`:
     without it, a request with no ``max_tokens`` on a long-context model samples for minutes for nobody."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=HANG_UP_POLL_S)
-            if done:
-                return task.result()
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                task.cancel()
-                await asyncio.wait({task})
-                if not task.cancelled():
-                    task.exception()  # retrieved: what it ended with reaches no one
-                raise ConnectionResetError("the client hung up")
-    finally:
-        if not task.done():  # the handler itself was cancelled (the server stops)
-            task.cancel()
+
+    def gone() -> BaseException | None:
+        transport = request.transport
+        return ConnectionResetError("the client hung up") if transport is None or transport.is_closing() else None
+
+    return await cancel_when(work, gone, HANG_UP_POLL_S)

@@ -106,20 +106,27 @@ class EngineDead(RuntimeError):
     """The engine can generate no more (:meth:`InferenceEngine.dead` says why)."""
 
 
-async def unless_dead(engine: InferenceEngine, work: Awaitable[T], poll_s: float = 1.0) -> T:
-    """Awaits ``work``; if ``engine`` dies first, cancels it and raises :class:`EngineDead`. Work that only waits
-    for episodes would otherwise wait forever: a dead engine fails every episode at once, and the manager replaces
-    failed groups with new ones (found in a sync run whose engine core was killed mid-rollout)."""
+async def cancel_when(work: Awaitable[T], stop: Callable[[], BaseException | None], poll_s: float) -> T:
+    """Awaits ``work``, asking ``stop()`` every ``poll_s`` seconds meanwhile; once it returns an exception, ``work``
+    is cancelled (and awaited) and that exception raised. For conditions nothing signals (an engine core that died,
+    a client that hung up)."""
     task = asyncio.ensure_future(work)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=poll_s)
             if done:
                 return task.result()
-            why = engine.dead()
-            if why:
-                raise EngineDead(why)
+            exc = stop()
+            if exc is not None:
+                raise exc
     finally:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def unless_dead(engine: InferenceEngine, work: Awaitable[T], poll_s: float = 1.0) -> T:
+    """Awaits ``work``; if ``engine`` dies first, cancels it and raises :class:`EngineDead`. Work that only waits
+    for episodes would otherwise wait forever: a dead engine fails every episode at once, and the manager replaces
+    failed groups with new ones (found in a sync run whose engine core was killed mid-rollout)."""
+    return await cancel_when(work, lambda: EngineDead(why) if (why := engine.dead()) else None, poll_s)
