@@ -203,11 +203,11 @@ def replayable(kind: Any, seed: Callable[[], int], fn: Callable[[], T], bound_s:
                 try:
                     with bounded(bound_s, what):
                         result = fn()
-                except LibraryTimeout:
-                    RNGStates((py, gauss), _Np(raw)).put_over(RNGStates.current())
-                    raise
-                except Exception as e:  # the same error seeded, unless it drew
-                    failed = e
+                except BaseException as e:
+                    if isinstance(e, LibraryTimeout) or not isinstance(e, Exception):  # interrupted: not rerun
+                        RNGStates((py, gauss), _Np(raw)).put_over(RNGStates.current())
+                        raise
+                    failed = e  # the same error seeded, unless it drew
                 if (_np_view() is view and bytes(view) == raw and bytes(_PY_VIEW) == py  # type: ignore[arg-type]
                         and inst.gauss_next is gauss):
                     if failed is not None:

@@ -217,3 +217,11 @@ def test_a_replayable_call_that_raises_raises_as_seeded_and_one_interrupted_leav
     with pytest.raises(LibraryTimeout, match="the spinner"):
         rng.replayable("spin", lambda: 1, spin, 0.2, "the spinner")
     assert random.getstate() == before and "spin" not in rng._DRAWS
+
+    def stopped():
+        random.random()
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rng.replayable("stopped", lambda: 1, stopped)
+    assert random.getstate() == before and "stopped" not in rng._DRAWS  # put back, and not run again
