@@ -14,7 +14,7 @@ Invariants:
   bridges' one lock (:mod:`.rng`) and gives what it gives with both global generators seeded from the entry's
   identity, the process's states restored afterwards: such entries stay reproducible, and no other code on another
   thread sees the global RNG state move. Making an entry and scoring are pure, so they are seeded only when seen to
-  draw (:func:`.rng.replayable`); the rest run once, unseeded, at a seventh of the cost.
+  draw (:func:`.rng.replayable`); the rest run once, unseeded, for a fifth of the guard's cost or less.
 - The model's answer never reaches a scorer that evaluates it as code (``eval``, sympy's ``parse_expr``: found in
   the scorer's source) unless it is a plain expression (:mod:`.safe_answer`) or the entry's own answer: otherwise it
   scores 0 and ``info["score_error"]`` says why. Scoring is bounded (``call_timeout_s``, 60 s; :mod:`.deadline`):
