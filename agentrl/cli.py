@@ -35,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from agentrl import childwatch
     from agentrl.config import ConfigError
+
+    childwatch.install()  # every subprocess asyncio starts (sandboxes, MCP servers) watched without a thread each
 
     try:
         return int(args.func(args) or 0)

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from agentrl import childwatch
+
 from . import seccomp
 from .base import (
     PLAIN_TIMEOUT_S,
@@ -358,6 +360,7 @@ class BwrapSandbox(Sandbox):
         """Run ``cmd`` under the wrapper in a fresh bwrap (in the mount namespace at ``ns_path``, if any); stdout
         into ``sink``. At ``timeout`` the host kills bwrap and with it the command's PID namespace. Returns (exit
         code, stderr, timed out). What ``sink`` raises propagates once bwrap is dead."""
+        childwatch.install()  # one bwrap per command: no waitpid thread for each (see agentrl.childwatch)
         program = seccomp.program()
         fds: list[int] = []
         try:

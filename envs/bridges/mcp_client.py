@@ -23,6 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl import childwatch
+
 try:
     import mcp.shared.exceptions
     from mcp import ClientSession, StdioServerParameters
@@ -144,6 +146,7 @@ class MCPConnection:
 
     def _transport(self) -> Any:
         if self.command is not None:
+            childwatch.install()  # the server's process is watched by its pidfd on this loop, not by a thread
             params = StdioServerParameters(command=self.command[0], args=list(self.command[1:]), env=self.env,
                                            cwd=self.cwd)
             return stdio_client(params, errlog=_devnull())
