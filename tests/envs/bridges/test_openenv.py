@@ -399,3 +399,73 @@ def test_a_served_env_refuses_other_sites_pages_and_rebound_host_names(served_gu
     assert post("/reset", {**json_type, "Host": "evil.example"}) == 421
     assert post("/reset", {"Content-Type": "text/plain"}) == 415  # a cross-site "simple" request: no preflight
     assert post("/reset", json_type) == 200
+
+
+def test_a_served_episode_refuses_a_step_before_its_reset_or_after_its_end(served_guess):
+    """An OpenEnv client may step a session it never reset, or one whose episode is done: the agentrl env must not
+    play on from an undefined state; the client gets an error naming what to do. openenv-core's stateless HTTP
+    ``/step`` (a fresh env per request) is one such step."""
+    import asyncio
+    import urllib.error
+    import urllib.request
+
+    import websockets
+
+    ws_url = served_guess.replace("http://", "ws://") + "/ws"
+
+    async def play() -> tuple[dict, list[dict], dict]:
+        async with websockets.connect(ws_url) as ws:
+            async def send(kind: str, data: dict) -> dict:
+                await ws.send(json.dumps({"type": kind, "data": data}))
+                return json.loads(await ws.recv())
+
+            early = await send("step", {"message": "<answer>3</answer>"})
+            frames = [await send("reset", {"seed": 3})]
+            while not frames[-1]["data"].get("done") and len(frames) < 40:
+                frames.append(await send("step", {"message": "no guess here"}))
+            return early, frames, await send("step", {"message": "<answer>3</answer>"})
+
+    early, frames, late = asyncio.run(play())
+    assert early["type"] == "error" and "reset" in early["data"]["message"], early
+    assert frames[-1]["type"] == "observation" and frames[-1]["data"]["done"], frames[-1]
+    assert late["type"] == "error" and "reset" in late["data"]["message"], late
+    req = urllib.request.Request(f"{served_guess}/step", data=json.dumps({"action": {"message": "hi"}}).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 409 and "reset" in json.loads(e.value.read())["detail"]
+
+
+def test_a_client_closing_its_session_leaves_no_traceback_in_the_servers_log(tmp_path):
+    """openenv-core closes every WebSocket session after its client left, which raised out of the app: each
+    session's end logged an "Exception in ASGI application" traceback, drowning real errors."""
+    import asyncio
+
+    import websockets
+
+    log = tmp_path / "serve.log"
+    port = _free_port()
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([str(BIN / "agentrl"), "envs", "serve", GUESS, "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        _wait_listening(proc, port, "agentrl envs serve")
+
+        async def sessions() -> list[str]:
+            kinds = []
+            for seed in range(3):
+                async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
+                    await ws.send(json.dumps({"type": "reset", "data": {"seed": seed}}))
+                    kinds.append(json.loads(await ws.recv())["type"])
+            ws = await websockets.connect(f"ws://127.0.0.1:{port}/ws")  # and one that just drops the connection
+            ws.transport.abort()
+            async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:  # served after all of them
+                await ws.send(json.dumps({"type": "reset", "data": {"seed": 9}}))
+                kinds.append(json.loads(await ws.recv())["type"])
+            return kinds
+
+        assert asyncio.run(sessions()) == ["observation"] * 4
+    finally:
+        _stop(proc)
+    text = log.read_text()
+    assert "Traceback" not in text and "Exception in ASGI application" not in text, text[-3000:]
