@@ -2,7 +2,8 @@
 
 __version__ = "0.1.0"
 
-from agentrl.core import Env, Message, MessagesSpace, Observation, TextSpace, TimeLimit, Wrapper, as_messages
+from agentrl.core import (Env, Message, MessagesSpace, Observation, OrderEnforcing, TextSpace, TimeLimit, Wrapper,
+                          as_messages)
 from agentrl.registration import RegistrationError, make, register, registered_ids, spec
 from agentrl.trajectory import Group, Trajectory
 
@@ -16,6 +17,6 @@ from agentrl._moved import install as _install_moved  # noqa: E402
 _install_moved()
 
 __all__ = [
-    "Env", "Message", "MessagesSpace", "Observation", "TextSpace", "TimeLimit", "Wrapper", "as_messages",
-    "RegistrationError", "make", "register", "registered_ids", "spec", "Group", "Trajectory", "__version__",
+    "Env", "Message", "MessagesSpace", "Observation", "OrderEnforcing", "TextSpace", "TimeLimit", "Wrapper",
+    "as_messages", "RegistrationError", "make", "register", "registered_ids", "spec", "Group", "Trajectory", "__version__",
 ]

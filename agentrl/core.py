@@ -216,14 +216,51 @@ class Wrapper(gymnasium.Wrapper[Observation, str, Observation, str]):
         return getattr(self.env, "description", "")
 
 
-class TimeLimit(Wrapper, gymnasium.utils.RecordConstructorArgs):
-    """Truncates an episode after ``max_episode_steps`` steps (sync and async paths alike).
+class OrderEnforcing(Wrapper, gymnasium.utils.RecordConstructorArgs):
+    """Refuses a step before the first reset (``gymnasium.error.ResetNeeded``), as gymnasium's ``make`` does: an env
+    stepped from its constructor's state answers from no task at all (GuessNumber paid 1.0 for such a guess)."""
+
+    def __init__(self, env: gymnasium.Env):
+        # Recorded so that ``env.spec.make()`` can rebuild the wrapped env (gymnasium's check_env does).
+        gymnasium.utils.RecordConstructorArgs.__init__(self)
+        super().__init__(env)
+        self._has_reset = False
+
+    def _started(self) -> None:
+        self._has_reset = True
+
+    def _checked(self, result: StepResult) -> StepResult:
+        return result
+
+    def reset(self, **kwargs):
+        out = self.env.reset(**kwargs)
+        self._started()
+        return out
+
+    def step(self, action: str) -> StepResult:
+        if not self._has_reset:
+            raise gymnasium.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
+        return self._checked(self.env.step(action))
+
+    async def areset(self, **kwargs):
+        out = await self.env.areset(**kwargs)
+        self._started()
+        return out
+
+    async def astep(self, action: str) -> StepResult:
+        if not self._has_reset:
+            raise gymnasium.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
+        return self._checked(await self.env.astep(action))
+
+
+class TimeLimit(OrderEnforcing):
+    """Truncates an episode after ``max_episode_steps`` steps (sync and async paths alike), and refuses a step before
+    the first reset as :class:`OrderEnforcing` (one wrapper, not two: ``make`` wraps every env in one of them).
 
     ``info["TimeLimit.truncated"]`` is set when this wrapper truncated the episode.
     """
 
     def __init__(self, env: gymnasium.Env, max_episode_steps: int):
-        # Recorded so that ``env.spec.make()`` can rebuild the wrapped env (gymnasium's check_env does).
         gymnasium.utils.RecordConstructorArgs.__init__(self, max_episode_steps=max_episode_steps)
         super().__init__(env)
         if max_episode_steps < 1:
@@ -231,25 +268,14 @@ class TimeLimit(Wrapper, gymnasium.utils.RecordConstructorArgs):
         self.max_episode_steps = max_episode_steps
         self._elapsed = 0
 
-    def _limit(self, result: StepResult) -> StepResult:
+    def _started(self) -> None:
+        self._has_reset = True
+        self._elapsed = 0
+
+    def _checked(self, result: StepResult) -> StepResult:
         obs, reward, terminated, truncated, info = result
         self._elapsed += 1
         if self._elapsed >= self.max_episode_steps and not terminated and not truncated:
             truncated = True
             info = dict(info, **{"TimeLimit.truncated": True})
         return obs, reward, terminated, truncated, info
-
-    def reset(self, **kwargs):
-        self._elapsed = 0
-        return self.env.reset(**kwargs)
-
-    def step(self, action: str) -> StepResult:
-        return self._limit(self.env.step(action))
-
-    async def areset(self, **kwargs):
-        self._elapsed = 0
-        return await self.env.areset(**kwargs)
-
-    async def astep(self, action: str) -> StepResult:
-        return self._limit(await self.env.astep(action))
-

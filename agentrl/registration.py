@@ -2,7 +2,7 @@
 
 ``agentrl.register`` adds to ``gymnasium.registry`` (so ``gymnasium.make(id)`` works too) but refuses duplicate
 ids; ``agentrl.make`` instantiates without gymnasium's passive checker and returns an env whose async methods work
-through the (async-aware) :class:`agentrl.core.TimeLimit`.
+through the (async-aware) :class:`agentrl.core.OrderEnforcing` and :class:`agentrl.core.TimeLimit`.
 
 Third-party packages make their envs available by declaring an entry point in the group ``agentrl.envs``::
 
@@ -32,7 +32,7 @@ from typing import Any
 import gymnasium
 from gymnasium.envs.registration import EnvSpec, load_env_creator, parse_env_id
 
-from agentrl.core import TimeLimit
+from agentrl.core import OrderEnforcing, TimeLimit
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 
@@ -188,8 +188,10 @@ def load_entry_point(entry_point: Any) -> Any:
 def make(id: str, **kwargs: Any) -> gymnasium.Env:
     """Instantiates the env registered as ``id`` with the registered kwargs updated by ``kwargs``.
 
-    ``max_episode_steps`` (a kwarg, or the registered value) wraps the env in :class:`agentrl.core.TimeLimit`.
-    Returns the env (wrapped or not); its ``areset``/``astep``/``aclose`` work either way.
+    The env is wrapped in :class:`agentrl.core.TimeLimit` given ``max_episode_steps`` (a kwarg, or the registered
+    value), else in :class:`agentrl.core.OrderEnforcing`; either refuses a step before the first reset
+    (``gymnasium.error.ResetNeeded``, as gymnasium's ``make`` does). ``env.unwrapped`` is the env itself; its
+    ``areset``/``astep``/``aclose`` work through the wrapper.
     """
     s = spec(id)
     max_steps = kwargs.pop("max_episode_steps", s.max_episode_steps)
@@ -205,9 +207,7 @@ def make(id: str, **kwargs: Any) -> gymnasium.Env:
             env.spec = dataclasses.replace(s, kwargs={**s.kwargs, **kwargs}) if kwargs else s
         except AttributeError:
             pass
-    if max_steps:
-        env = TimeLimit(env, max_steps)
-    return env
+    return TimeLimit(env, max_steps) if max_steps else OrderEnforcing(env)
 
 
 def check_make(id: str, kwargs: dict[str, Any] | None = None) -> None:

@@ -207,3 +207,24 @@ def test_dataset_envs_name_the_item_a_seed_selects():
         gymnasium.Env.reset(swe, seed=s)  # what areset draws the instance from
         assert swe.task_key(s) == swe._pick(s, None).instance_id
     assert len({swe.task_key(s) for s in range(40)}) < 40  # 13 instances: seeds collide
+
+
+@pytest.mark.parametrize("env_id", BUILTIN_IDS + ["reasoning_gym/aiw", "agentrl/SWE-v0"])
+def test_a_made_env_refuses_a_step_before_its_first_reset_sync_and_async(env_id):
+    """As gymnasium's ``make`` does (``OrderEnforcing``). Stepped from its constructor's state, GuessNumber paid 1.0
+    for a guess of 1, and Arithmetic told the answer of no question."""
+    import asyncio
+
+    for first in ("step", "astep"):
+        env = agentrl.make(env_id)
+        try:
+            with pytest.raises(gymnasium.error.ResetNeeded):
+                if first == "step":
+                    env.step("<answer>1</answer>")
+                else:
+                    asyncio.run(env.astep("<answer>1</answer>"))
+        finally:
+            env.close()
+    env = agentrl.make("agentrl/GuessNumber-v0")
+    asyncio.run(env.areset(seed=0))
+    assert env.step("<answer>1</answer>")[4]["guesses_left"] >= 0  # after a reset (async here) it steps
