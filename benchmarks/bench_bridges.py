@@ -93,7 +93,8 @@ def bench_reasoning_gym(steps: int, repeats: int) -> dict[str, Any]:
     from agentrl.core import Env
     from reasoning_gym.utils import extract_answer
 
-    env = agentrl.make("reasoning_gym/leg_counting").unwrapped  # the env itself, as the manager steps it
+    # the env itself: the wrapper agentrl.make adds (the reset-before-step check) is the same for every env
+    env = agentrl.make("reasoning_gym/leg_counting").unwrapped
     ds = env.dataset  # the same dataset object: both sides generate entries the same way
     answers = [ds[i % len(ds)]["answer"] for i in range(steps)]
 
