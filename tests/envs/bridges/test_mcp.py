@@ -1,5 +1,6 @@
 """MCP tool envs against real MCP servers started for real over stdio: the bundled demo server and a fault server
-(both written with the official ``mcp`` SDK) and ``mcp-server-time`` from the package index (nobody here wrote it).
+(both written with the official ``mcp`` SDK), ``mcp-server-time`` from the package index and MCP's reference
+``server-filesystem`` and ``server-everything`` from npm (nobody here wrote those three).
 Episodes through ``agentrl envs check`` and 32 at once through the manager; servers that hang, die mid-episode or
 answer garbage become failed episodes with a clear error, and their processes end."""
 
