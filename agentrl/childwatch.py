@@ -3,9 +3,9 @@
 On Python 3.11 asyncio's default child watcher (``ThreadedChildWatcher``) starts one thread per subprocess, blocked
 in ``waitpid``; ``Thread.start`` waits for the new thread to run, which under a busy GIL stalls the event loop ~1 ms
 per subprocess. A sandbox fleet starts one bwrap per command (thousands a minute): measured on 512 bwrap sandboxes
-stepping trivial commands, 1.9-2.0 ms of the driver's CPU per step with the threads, 1.5 ms without, and 1.13-1.18x
-the steps/s (BENCHMARKS.md, "Sandbox fleet"). Python 3.12 watches children with a pidfd by default where the kernel
-has one; :func:`install` does the same on 3.11.
+stepping nearly free commands, 1.51-1.55 ms of the driver's CPU per step with the threads, 1.33-1.38 ms without
+(BENCHMARKS.md, "Sandbox fleet"). Python 3.12 watches children with a pidfd by default where the kernel has one;
+:func:`install` does the same on 3.11.
 
 Why not 3.11's own ``PidfdChildWatcher``: it serves the one loop it is attached to (the main thread's), so a
 subprocess started by a loop in another thread would be registered on the wrong loop. :class:`LoopPidfdWatcher` is

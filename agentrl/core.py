@@ -229,6 +229,10 @@ class OrderEnforcing(Wrapper, gymnasium.utils.RecordConstructorArgs):
     def _started(self) -> None:
         self._has_reset = True
 
+    def _require_reset(self) -> None:
+        if not self._has_reset:
+            raise gymnasium.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
+
     def _checked(self, result: StepResult) -> StepResult:
         return result
 
@@ -238,8 +242,7 @@ class OrderEnforcing(Wrapper, gymnasium.utils.RecordConstructorArgs):
         return out
 
     def step(self, action: str) -> StepResult:
-        if not self._has_reset:
-            raise gymnasium.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
+        self._require_reset()
         return self._checked(self.env.step(action))
 
     async def areset(self, **kwargs):
@@ -248,8 +251,7 @@ class OrderEnforcing(Wrapper, gymnasium.utils.RecordConstructorArgs):
         return out
 
     async def astep(self, action: str) -> StepResult:
-        if not self._has_reset:
-            raise gymnasium.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
+        self._require_reset()
         return self._checked(await self.env.astep(action))
 
 

@@ -1,5 +1,6 @@
 """Session fixtures shared across the suite: the tiny model (built once into a cache directory) and ONE real vLLM
-engine shared by every test in the session (starting one costs 20-40 s on the CPU).
+engine shared by every test in the session (starting one costs 20-40 s on the CPU); and two for the child-watcher
+tests (``default_watcher``, ``started_threads``).
 
 - ``tiny_model_dir``: ``$AGENTRL_TINY_MODEL`` or ``~/.cache/agentrl/tiny-model``; built if missing or stale.
 - ``engine``: a :class:`agentrl.inference.vllm_engine.VLLMEngine` on that model (max_model_len 2048, pause mode
@@ -9,7 +10,10 @@ engine shared by every test in the session (starting one costs 20-40 s on the CP
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -135,3 +139,31 @@ def swebench_check():
         return out
 
     return check
+
+
+@pytest.fixture
+def default_watcher(monkeypatch):
+    """The process as Python 3.11 starts it: asyncio's default (threaded) child watcher, agentrl.childwatch not yet
+    installed; put back afterwards."""
+    from agentrl import childwatch
+
+    policy = asyncio.get_event_loop_policy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        monkeypatch.setattr(policy, "_watcher", asyncio.ThreadedChildWatcher())
+    monkeypatch.setattr(childwatch, "_done", False)
+    return policy
+
+
+@pytest.fixture
+def started_threads(monkeypatch) -> list[str]:
+    """The names of the threads started during the test."""
+    names: list[str] = []
+    start = threading.Thread.start
+
+    def recording(self, *a, **kw):
+        names.append(self.name)
+        return start(self, *a, **kw)
+
+    monkeypatch.setattr(threading.Thread, "start", recording)
+    return names

@@ -15,32 +15,6 @@ from agentrl import childwatch
 pytestmark = pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12+ watches children by pidfd itself")
 
 
-@pytest.fixture
-def default_watcher(monkeypatch):
-    """The process as Python 3.11 starts it: asyncio's default (threaded) watcher, nothing installed yet."""
-    policy = asyncio.get_event_loop_policy()
-    old = policy._watcher
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        policy._watcher = asyncio.ThreadedChildWatcher()
-    monkeypatch.setattr(childwatch, "_done", False)
-    yield policy
-    policy._watcher = old
-
-
-@pytest.fixture
-def started_threads(monkeypatch):
-    names: list[str] = []
-    start = threading.Thread.start
-
-    def recording(self, *a, **kw):
-        names.append(self.name)
-        return start(self, *a, **kw)
-
-    monkeypatch.setattr(threading.Thread, "start", recording)
-    return names
-
-
 async def _both(a, b):
     return list(await asyncio.gather(a, b))
 

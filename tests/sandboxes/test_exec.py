@@ -173,36 +173,19 @@ async def test_host_mounts_read_only_and_read_write(busybox_spec):
         shutil.rmtree(host, ignore_errors=True)
 
 
-async def test_a_bwrap_exec_starts_no_waitpid_thread(monkeypatch):
+async def test_a_bwrap_exec_starts_no_waitpid_thread(default_watcher, started_threads):
     """Thousands of commands a minute each spawn a bwrap: asyncio's default watcher on Python 3.11 would start (and
     wait for) one thread per command (agentrl.childwatch)."""
     import sys
-    import threading
-    import warnings
-
-    from agentrl import childwatch
 
     from .conftest import BUSYBOX, require_backend
 
     require_backend("bwrap", BUSYBOX)
     if sys.version_info >= (3, 12):
         pytest.skip("Python 3.12+ watches children by pidfd itself")
-    policy = asyncio.get_event_loop_policy()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        monkeypatch.setattr(policy, "_watcher", asyncio.ThreadedChildWatcher())  # as a fresh 3.11 process has it
-    monkeypatch.setattr(childwatch, "_done", False)
-    started: list[str] = []
-    start = threading.Thread.start
-
-    def recording(self, *a, **kw):
-        started.append(self.name)
-        return start(self, *a, **kw)
-
-    monkeypatch.setattr(threading.Thread, "start", recording)
     spec = SandboxSpec(backend="bwrap", image=BUSYBOX, ttl_s=300, memory_mb=256, pids=128)
     async with create_sandbox(spec) as sb:
         for code in (0, 7):
             res = await sb.exec(f"echo hi; exit {code}", timeout=10)
             assert res.exit_code == code and res.output == "hi\n"
-    assert not [n for n in started if "waitpid" in n], started
+    assert not [n for n in started_threads if "waitpid" in n], started_threads
