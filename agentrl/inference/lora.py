@@ -202,4 +202,6 @@ class AdapterSet:
             shutil.rmtree(req.lora_path, ignore_errors=True)
 
     def close(self) -> None:
+        """Removes the adapters written here and lets go of the engine (see :meth:`VLLMEngine.close`)."""
         shutil.rmtree(self.root, ignore_errors=True)
+        self.llm = None

@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import math
 import random
+import weakref
 from pathlib import Path
 
 import pytest
@@ -231,10 +232,14 @@ async def test_saved_adapter_in_a_fresh_engine_and_merged_base_reproduce_the_tra
     adapter = trainer.state_dict_for_inference()
     # the adapter directory as the model: how agentrl eval / the gateway take it as the policy
     fresh = await VLLMEngine.create(_engine_cfg(ck / "model", lora=None))
+    llm = weakref.ref(fresh._llm)
     try:
         batch = await _sample(fresh, 8, seed=9)
     finally:
         await fresh.close()
+    # Nothing keeps the closed engine's AsyncLLM: one that lived to the interpreter's exit shut itself down again
+    # there, from a half-torn-down module ("Exception ignored in AsyncLLM.__del__", at the end of every LoRA run).
+    assert llm() is None
     assert _check_versions_exact(scorer, {0: adapter}, batch)[0] < 1e-6
     assert _k3(scorer, {n: torch.zeros_like(t) for n, t in adapter.items()}, batch)[0] > 1e-4  # not the bare base
     # the base with the adapter merged in (agentrl models merge-lora) gives the engine's log-probs
