@@ -1,12 +1,13 @@
-"""The in-process vLLM engine's start-up and decode speed by ``EngineConfig.executor``: ``auto`` (vLLM CPU's choice:
-the worker in a process of its own beside the engine core) against ``in_core`` (the worker inside the engine-core
-process).
+"""The in-process vLLM engine's start-up and decode speed by ``EngineConfig.executor``: ``auto`` (on CPU hosts the
+worker in a process of its own, forked from the engine core: ``agentrl.inference.vllm_executor``) against
+``in_core`` (the worker inside the engine-core process) and ``spawned`` (vLLM CPU's own choice, the worker spawned:
+``auto`` before the fork, kept here as the baseline; ``engine.extra_engine_args.distributed_executor_backend=mp``).
 
 Each run is a fresh process (start-up includes vLLM's imports and process spawns); executors alternate so that a
 drifting host hits both alike. Per run: seconds until the engine is ready, then tokens/s of 6 rounds of 96 sampled
 tokens each at batch 1, 8 and 32 (50-token prompts, seeded requests, as the agent loop sends them).
 
-    .venv/bin/python benchmarks/bench_engine_start.py --executors auto in_core --repeats 2
+    .venv/bin/python benchmarks/bench_engine_start.py --executors auto spawned in_core --repeats 2
 """
 
 from __future__ import annotations
@@ -22,19 +23,26 @@ import time
 BATCHES = (1, 8, 32)
 
 
-def child(executor: str) -> dict:
+# name -> (EngineConfig.executor, extra engine args, the executor vLLM must then run)
+EXECUTORS = {"auto": ("auto", {}, "ForkedWorkerExecutor"), "in_core": ("in_core", {}, "UniProcExecutor"),
+             "spawned": ("auto", {"distributed_executor_backend": "mp"}, "mp")}
+
+
+def child(name: str) -> dict:
     t0 = time.perf_counter()
     from agentrl.inference import EngineConfig
     from agentrl.inference.base import SamplingParams
     from agentrl.inference.vllm_engine import VLLMEngine
     from agentrl.models import ensure_tiny_model
 
+    executor, extra, expected = EXECUTORS[name]
     model = str(ensure_tiny_model(variant="tiny-tool"))
-    eng = VLLMEngine(EngineConfig(model=model, max_model_len=2048, seed=0, executor=executor))
+    eng = VLLMEngine(EngineConfig(model=model, max_model_len=2048, seed=0, executor=executor,
+                                  extra_engine_args=extra))
     ready_s = time.perf_counter() - t0
     used = eng._llm.vllm_config.parallel_config.distributed_executor_backend
-    if (used == "mp") != (executor == "auto"):
-        raise RuntimeError(f"asked for executor {executor!r}, vLLM runs {used!r}")
+    if getattr(used, "__name__", used) != expected:
+        raise RuntimeError(f"asked for executor {name!r}, vLLM runs {used!r}")
 
     async def rounds() -> dict[int, float]:
         out = {}
@@ -51,14 +59,14 @@ def child(executor: str) -> dict:
     tc = time.perf_counter()
     eng.close_sync()
     close_s = time.perf_counter() - tc
-    return {"executor": executor, "ready_s": round(ready_s, 1), "engine_start_s": round(eng.start_time_s, 1),
+    return {"executor": name, "ready_s": round(ready_s, 1), "engine_start_s": round(eng.start_time_s, 1),
             "close_s": round(close_s, 1),
             "tok_per_s": {str(n): round(v, 1) for n, v in tok_s.items()}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--executors", nargs="+", default=["auto", "in_core"], choices=["auto", "in_core"])
+    ap.add_argument("--executors", nargs="+", default=["auto", "spawned", "in_core"], choices=list(EXECUTORS))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -69,12 +69,12 @@ class EngineConfig:
     max_num_seqs: int | None = None
     tensor_parallel_size: int = 1
     executor: Literal["auto", "in_core"] = "auto"
-    """Where vLLM runs the model when it uses one device (vllm only). ``"auto"``: vLLM's choice; on CPU hosts that
-    is a worker process beside the engine-core process (vLLM sets the worker's OpenMP thread binding before it
-    starts). ``"in_core"``: in the engine-core process on every host: one process fewer to spawn and import, so
-    on the 2-core CPU machines an engine is ready 15-19 s sooner (34 s against 49-53 s) and decodes up to ~15 %
-    fewer tokens/s at batch 32 (``benchmarks/bench_engine_start.py``). For tests, evaluations and other short jobs;
-    the sampled tokens and log-probs are the same."""
+    """Where vLLM runs the model when it uses one device (vllm only). ``"auto"``: vLLM's choice on GPU hosts; on CPU
+    hosts a worker process beside the engine-core process, forked from it rather than spawned as vLLM CPU would
+    (:mod:`agentrl.inference.vllm_executor`: ready as soon as ``in_core``, bound to its cores as vLLM binds it).
+    ``"in_core"``: in the engine-core process on every host: one process fewer, an engine that closes ~1.5 s
+    sooner, and up to ~15 % fewer tokens/s at batch 32 on the 2-core CPU machines
+    (``benchmarks/bench_engine_start.py``). For tests; the sampled tokens and log-probs are the same."""
     seed: int = 0
     pause_mode: Literal["abort", "keep"] = "abort"
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"

@@ -174,9 +174,9 @@ class VLLMEngine(InferenceEngine):
 
             # two adapters at once: the current one and one still held by requests in flight across an update
             kwargs.update(enable_lora=True, max_lora_rank=vllm_max_rank(lora), max_loras=2, max_cpu_loras=4)
-        if self.cfg.executor == "in_core":  # the class: vLLM CPU turns the name "uni" into "mp", the class it keeps
-            from vllm.v1.executor.uniproc_executor import UniProcExecutor
-            kwargs["distributed_executor_backend"] = UniProcExecutor
+        if self.cfg.executor == "in_core" or current_platform.is_cpu():
+            from agentrl.inference.vllm_executor import executor_class
+            kwargs["distributed_executor_backend"] = executor_class(self.cfg.executor)
         kwargs.update(cpu_args)
         kwargs.update(self.cfg.extra_engine_args)
         rpc_dir.ensure()  # before the engine's processes start: they inherit its path

@@ -118,6 +118,19 @@ class WeightSyncExtension:
             h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()
 
+    def agentrl_process(self) -> dict[str, Any]:
+        """How this worker process was started and bound: ``forked_from`` (the engine core's pid when it was forked
+        from it, :mod:`agentrl.inference.vllm_executor`; else None), ``threads`` (torch's intra-op threads) and
+        ``cpus`` (its CPU affinity). Used by tests."""
+        import os
+
+        import torch
+
+        from agentrl.inference import vllm_executor
+
+        return {"forked_from": vllm_executor.FORKED_FROM, "threads": torch.get_num_threads(),
+                "cpus": sorted(os.sched_getaffinity(0))}
+
 
 class _AdapterSink:
     """The weight-transfer engine's update target while an adapter arrives: the backend hands each received tensor

@@ -126,7 +126,10 @@ def check_step_rows(r: list[dict], alpha: int, path: str) -> None:
 def check_run_files(run_dir: Path, steps: int) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_before"]["episodes"] == 4 and summary["eval_after"]["episodes"] == 4
-    assert RunFiles(run_dir).latest_checkpoint()[0] == steps
+    step, _, state = RunFiles(run_dir).latest_checkpoint()
+    assert step == steps
+    # a checkpoint carries the evaluation before RL: a resumed run reports it and does not evaluate again
+    assert state["history"]["eval_before"] == summary["eval_before"]
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
 
 

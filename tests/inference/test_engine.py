@@ -177,6 +177,31 @@ def test_in_core_engine_runs_the_model_without_a_worker_process(engine):
     assert not [c for c in descendants(core).values() if "multiprocessing" in c or "Worker" in c]
 
 
+async def test_a_cpu_engine_forks_its_worker_and_samples_what_the_in_core_engine_samples(engine, tiny_model_dir, tok):
+    """``executor: auto`` on a CPU host: the worker process is forked from the engine core (vLLM CPU would spawn it
+    and import vLLM and torch again, 10+ s), and it samples the same tokens and log-probs as the model run inside
+    the engine core."""
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    from agentrl.inference import orphan_guard
+
+    eng = VLLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=2048, pause_mode="abort", seed=0))
+    try:
+        (core,) = orphan_guard.engine_core_pids(eng._llm)
+        (worker,) = await eng._on_engine(eng._llm.collective_rpc("agentrl_process"))
+        assert worker["forked_from"] == core
+        # bound as vLLM binds a spawned worker, not left on the engine core's threads and cores
+        (cpus,) = OMPProcessManager(eng._llm.vllm_config).cpu_lists
+        assert (worker["threads"], worker["cpus"]) == (len(cpus), sorted(cpus))
+        params = SamplingParams(max_tokens=16, ignore_eos=True, seed=7)
+        ours, theirs = await asyncio.gather(eng.generate(_prompt(tok), params, request_id="forked"),
+                                            engine.generate(_prompt(tok), params, request_id="in-core"))
+        assert ours.token_ids == theirs.token_ids
+        assert ours.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
+    finally:
+        eng.close_sync()
+
+
 def test_in_core_engine_core_exits_by_itself_when_closed(tiny_model_dir):
     """Closing an engine ends its engine-core process; vLLM kills it only if it has not exited 5 s after its
     teardown began. Its interpreter's last collection used to take longer than that (every close took 5.0 s)."""
