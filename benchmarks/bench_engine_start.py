@@ -1,13 +1,14 @@
 """The in-process vLLM engine's start-up and decode speed by ``EngineConfig.executor``: ``auto`` (on CPU hosts the
-worker in a process of its own, forked from the engine core: ``agentrl.inference.vllm_executor``) against
-``in_core`` (the worker inside the engine-core process) and ``spawned`` (vLLM CPU's own choice, the worker spawned:
-``auto`` before the fork, kept here as the baseline; ``engine.extra_engine_args.distributed_executor_backend=mp``).
+engine core forked from the driver and the worker in a process of its own, forked from the engine core:
+``agentrl.inference.vllm_executor``) against ``in_core`` (the worker inside the engine-core process), ``core_spawned``
+(``auto`` with the engine core spawned, as vLLM CPU spawns it) and ``spawned`` (vLLM CPU's own choice for both, the
+baseline; ``engine.extra_engine_args.distributed_executor_backend=mp``).
 
 Each run is a fresh process (start-up includes vLLM's imports and process spawns); executors alternate so that a
 drifting host hits both alike. Per run: seconds until the engine is ready, then tokens/s of 6 rounds of 96 sampled
 tokens each at batch 1, 8 and 32 (50-token prompts, seeded requests, as the agent loop sends them).
 
-    .venv/bin/python benchmarks/bench_engine_start.py --executors auto spawned in_core --repeats 2
+    .venv/bin/python benchmarks/bench_engine_start.py --executors auto core_spawned spawned in_core --repeats 2
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ import time
 BATCHES = (1, 8, 32)
 
 
-# name -> (EngineConfig.executor, extra engine args, the executor vLLM must then run)
-EXECUTORS = {"auto": ("auto", {}, "ForkedWorkerExecutor"), "in_core": ("in_core", {}, "UniProcExecutor"),
-             "spawned": ("auto", {"distributed_executor_backend": "mp"}, "mp")}
+# name -> (EngineConfig.executor, extra engine args, the executor vLLM must then run, engine core forked)
+EXECUTORS = {"auto": ("auto", {}, "ForkedWorkerExecutor", True),
+             "in_core": ("in_core", {}, "UniProcExecutor", True),
+             "core_spawned": ("auto", {}, "ForkedWorkerExecutor", False),
+             "spawned": ("auto", {"distributed_executor_backend": "mp"}, "mp", False)}
 
 
 def child(name: str) -> dict:
@@ -35,7 +38,12 @@ def child(name: str) -> dict:
     from agentrl.inference.vllm_engine import VLLMEngine
     from agentrl.models import ensure_tiny_model
 
-    executor, extra, expected = EXECUTORS[name]
+    executor, extra, expected, fork_core = EXECUTORS[name]
+    if not fork_core:
+        from agentrl.inference import vllm_executor
+
+        forked = vllm_executor.start_llm
+        vllm_executor.start_llm = lambda args, fork_core: forked(args, fork_core=False)
     model = str(ensure_tiny_model(variant="tiny-tool"))
     eng = VLLMEngine(EngineConfig(model=model, max_model_len=2048, seed=0, executor=executor,
                                   extra_engine_args=extra))
@@ -43,6 +51,10 @@ def child(name: str) -> dict:
     used = eng._llm.vllm_config.parallel_config.distributed_executor_backend
     if getattr(used, "__name__", used) != expected:
         raise RuntimeError(f"asked for executor {name!r}, vLLM runs {used!r}")
+    if expected == "ForkedWorkerExecutor":
+        (worker,) = eng._run_sync(eng._on_engine(eng._llm.collective_rpc("agentrl_process")))
+        if (worker["core_forked_from"] == os.getpid()) != fork_core:
+            raise RuntimeError(f"{name!r}: engine core forked from {worker['core_forked_from']}, not as asked")
 
     async def rounds() -> dict[int, float]:
         out = {}
@@ -66,7 +78,7 @@ def child(name: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--executors", nargs="+", default=["auto", "spawned", "in_core"], choices=list(EXECUTORS))
+    ap.add_argument("--executors", nargs="+", default=["auto", "core_spawned", "in_core"], choices=list(EXECUTORS))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()

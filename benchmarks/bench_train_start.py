@@ -4,11 +4,14 @@ drifting host hits every variant alike.
 
 Variants (each a fresh ``agentrl train`` process on the shared warm start):
 
-- ``default``: as shipped.
-- ``spawned``: vLLM CPU's own worker start, spawned (``engine.extra_engine_args.distributed_executor_backend=mp``),
-  the way before the worker was forked from the engine core (``agentrl/inference/vllm_executor.py``).
+- ``default``: as shipped (on CPU hosts the engine core forked from the driver, its worker from the engine core:
+  ``agentrl/inference/vllm_executor.py``).
+- ``core_spawned``: the engine core spawned as vLLM CPU spawns it, its worker forked (the twenty-eighth session's
+  default).
+- ``spawned``: both spawned, vLLM CPU's own way (and the core spawned:
+  ``engine.extra_engine_args.distributed_executor_backend=mp``).
 
-    .venv/bin/python benchmarks/bench_train_start.py --variants default spawned --pairs 3 --steps 10
+    .venv/bin/python benchmarks/bench_train_start.py --variants default core_spawned --pairs 3 --steps 10
 """
 
 from __future__ import annotations
@@ -24,7 +27,26 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = {"default": [], "spawned": ["engine.extra_engine_args.distributed_executor_backend=mp"]}
+# The CLI, with vLLM's engine core spawned rather than forked from the driver. The patch is applied as the engine
+# starts: importing vllm_executor sooner would import vLLM before Ray starts, which the default does not.
+SPAWN_CORE = """
+import sys
+from agentrl.inference import vllm_engine
+start = vllm_engine.VLLMEngine._start
+async def spawn_core(self):
+    from agentrl.inference import vllm_executor as x
+    if not hasattr(x, "forked_start_llm"):
+        x.forked_start_llm = x.start_llm
+        x.start_llm = lambda args, fork_core: x.forked_start_llm(args, fork_core=False)
+    await start(self)
+vllm_engine.VLLMEngine._start = spawn_core
+from agentrl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+# variant -> (python's arguments before "train", config overrides)
+VARIANTS = {"default": (["-m", "agentrl.cli"], []),
+            "core_spawned": (["-c", SPAWN_CORE], []),
+            "spawned": (["-c", SPAWN_CORE], ["engine.extra_engine_args.distributed_executor_backend=mp"])}
 BEFORE = re.compile(r"^(\d\d):(\d\d):(\d\d) agentrl\.train: held-out reward before RL")
 
 
@@ -41,9 +63,10 @@ def one(variant: str, n: int, ws_model: Path, out: Path, steps: int) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     (run_dir / "warmstart").mkdir(parents=True)
     os.symlink(ws_model.resolve(), run_dir / "warmstart" / "model")
-    cmd = [sys.executable, "-m", "agentrl.cli", "train", str(ROOT / "configs/tooluse.yaml"), f"run_dir={run_dir}",
+    python_args, overrides = VARIANTS[variant]
+    cmd = [sys.executable, *python_args, "train", str(ROOT / "configs/tooluse.yaml"), f"run_dir={run_dir}",
            "eval.episodes=128", "eval.every=0", f"steps={steps}", "checkpoint_every=100000", "progress=false",
-           *VARIANTS[variant]]
+           *overrides]
     load = os.getloadavg()[0]
     t0 = time.time()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -58,7 +81,7 @@ def one(variant: str, n: int, ws_model: Path, out: Path, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", nargs="+", default=["default", "spawned"], choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=["default", "core_spawned"], choices=list(VARIANTS))
     ap.add_argument("--pairs", type=int, default=3, help="rounds; each runs every variant, the order alternating")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", type=Path, default=ROOT / "runs/bench-train-start")

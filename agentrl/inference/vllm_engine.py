@@ -138,7 +138,8 @@ class VLLMEngine(InferenceEngine):
     async def _start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from agentrl.inference.vllm_executor import executor_class, start_llm
 
         cpu_args: dict[str, Any] = {}
         if current_platform.is_cpu():
@@ -175,12 +176,11 @@ class VLLMEngine(InferenceEngine):
             # two adapters at once: the current one and one still held by requests in flight across an update
             kwargs.update(enable_lora=True, max_lora_rank=vllm_max_rank(lora), max_loras=2, max_cpu_loras=4)
         if self.cfg.executor == "in_core" or current_platform.is_cpu():
-            from agentrl.inference.vllm_executor import executor_class
             kwargs["distributed_executor_backend"] = executor_class(self.cfg.executor)
         kwargs.update(cpu_args)
         kwargs.update(self.cfg.extra_engine_args)
         rpc_dir.ensure()  # before the engine's processes start: they inherit its path
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self._llm = start_llm(AsyncEngineArgs(**kwargs), fork_core=current_platform.is_cpu())
         self._guard = orphan_guard.guard(orphan_guard.engine_core_pids(self._llm))
         self._update_lock = asyncio.Lock()
         if lora is not None:

@@ -1,4 +1,4 @@
-"""vLLM's multiprocess executor with its workers forked from the engine core on CPU hosts (``executor: auto``).
+"""vLLM's processes forked, not spawned, on CPU hosts: the engine core from the driver, its worker from the engine core.
 
 vLLM's CPU platform sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unconditionally, so the worker process imports
 vLLM and torch again from nothing: ~10-13 s of one core before it loads the model, on the 2-core machines a third
@@ -14,19 +14,28 @@ core's runtime, already loaded, so it would run unbound on every core (on 2 core
 core's busy loop, ~30 % fewer tokens/s). The child applies the same binding itself, from the same variables, before
 its first parallel region.
 
-Lives in the engine-core process: vLLM pickles this class by reference and imports it there.
+The engine core itself is forked from the driver (:func:`start_llm`) for the same reason: spawned, it imports vLLM
+and torch afresh (~9 s of a core on the critical path, while the driver has both imported). vLLM forks it on GPU
+hosts too, from drivers that run Ray as ours do. The child runs only vLLM's code and leaves by ``os._exit``; what
+it inherits and never uses (Ray's sockets, the driver's other threads' state) goes with it.
+
+Lives in the engine-core process too: vLLM pickles the executor class by reference and imports it there.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
 FORKED_FROM: int | None = None
 """In a worker, the engine core's pid when the worker was forked from it (the module is then already imported);
 ``None`` in a spawned worker, which imports this module afresh."""
+
+CORE_FORKED_FROM: int | None = None
+"""In an engine core (and its forked worker), the driver's pid when the core was forked from it; else None."""
 
 
 def omp_binding(env: dict[str, str] | os._Environ) -> tuple[int, list[int]] | None:
@@ -75,3 +84,25 @@ def executor_class(executor: str) -> type:
 
         return UniProcExecutor
     return ForkedWorkerExecutor
+
+
+def start_llm(args: Any, *, fork_core: bool) -> Any:
+    """vLLM's ``AsyncLLM`` for ``args`` (``AsyncEngineArgs``); with ``fork_core`` its engine-core process forked
+    from this one (on CPU hosts, where vLLM would spawn it)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    config = args.create_engine_config()  # where vLLM CPU sets VLLM_WORKER_MULTIPROC_METHOD=spawn
+    if not fork_core:
+        return AsyncLLM.from_vllm_config(config, disable_log_stats=args.disable_log_stats)
+    global CORE_FORKED_FROM
+    before = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # read by get_mp_context as the engine core starts
+    CORE_FORKED_FROM = os.getpid()
+    try:
+        return AsyncLLM.from_vllm_config(config, disable_log_stats=args.disable_log_stats)
+    finally:  # later configs set it again; another library's own processes need not follow ours
+        CORE_FORKED_FROM = None
+        if before is None:
+            os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
+        else:
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = before

@@ -120,15 +120,17 @@ class WeightSyncExtension:
 
     def agentrl_process(self) -> dict[str, Any]:
         """How this worker process was started and bound: ``forked_from`` (the engine core's pid when it was forked
-        from it, :mod:`agentrl.inference.vllm_executor`; else None), ``threads`` (torch's intra-op threads) and
-        ``cpus`` (its CPU affinity). Used by tests."""
+        from it, :mod:`agentrl.inference.vllm_executor`; else None), ``core_forked_from`` (the driver's pid when the
+        engine core was forked from it), ``threads`` (torch's intra-op threads) and ``cpus`` (its CPU affinity).
+        Used by tests."""
         import os
 
         import torch
 
         from agentrl.inference import vllm_executor
 
-        return {"forked_from": vllm_executor.FORKED_FROM, "threads": torch.get_num_threads(),
+        return {"forked_from": vllm_executor.FORKED_FROM, "core_forked_from": vllm_executor.CORE_FORKED_FROM,
+                "threads": torch.get_num_threads(),
                 "cpus": sorted(os.sched_getaffinity(0))}
 
 

@@ -178,9 +178,9 @@ def test_in_core_engine_runs_the_model_without_a_worker_process(engine):
 
 
 async def test_a_cpu_engine_forks_its_worker_and_samples_what_the_in_core_engine_samples(engine, tiny_model_dir, tok):
-    """``executor: auto`` on a CPU host: the worker process is forked from the engine core (vLLM CPU would spawn it
-    and import vLLM and torch again, 10+ s), and it samples the same tokens and log-probs as the model run inside
-    the engine core."""
+    """``executor: auto`` on a CPU host: the engine core is forked from this process and the worker from the engine
+    core (vLLM CPU would spawn both, each importing vLLM and torch again, ~10 s), and the worker samples the same
+    tokens and log-probs as the model run inside the engine core."""
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
     from agentrl.inference import orphan_guard
@@ -188,8 +188,10 @@ async def test_a_cpu_engine_forks_its_worker_and_samples_what_the_in_core_engine
     eng = VLLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=2048, pause_mode="abort", seed=0))
     try:
         (core,) = orphan_guard.engine_core_pids(eng._llm)
+        assert os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") != "fork"  # asked of the engine core's start only
         (worker,) = await eng._on_engine(eng._llm.collective_rpc("agentrl_process"))
         assert worker["forked_from"] == core
+        assert worker["core_forked_from"] == os.getpid()
         # bound as vLLM binds a spawned worker, not left on the engine core's threads and cores
         (cpus,) = OMPProcessManager(eng._llm.vllm_config).cpu_lists
         assert (worker["threads"], worker["cpus"]) == (len(cpus), sorted(cpus))
