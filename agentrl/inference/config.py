@@ -74,7 +74,8 @@ class EngineConfig:
     (:mod:`agentrl.inference.vllm_executor`: ready as soon as ``in_core``, bound to its cores as vLLM binds it).
     ``"in_core"``: in the engine-core process on every host: one process fewer, an engine that closes ~1.5 s
     sooner, and up to ~15 % fewer tokens/s at batch 32 on the 2-core CPU machines
-    (``benchmarks/bench_engine_start.py``). For tests; the sampled tokens and log-probs are the same."""
+    (``benchmarks/bench_engine_start.py``). For tests; the sampled tokens and log-probs are the same. Either way,
+    on CPU hosts the engine-core process is forked from the driver, not spawned."""
     seed: int = 0
     pause_mode: Literal["abort", "keep"] = "abort"
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
