@@ -8,7 +8,7 @@ Variants (each a fresh ``agentrl train`` process on the shared warm start):
   ``agentrl/inference/vllm_executor.py``).
 - ``core_spawned``: the engine core spawned as vLLM CPU spawns it, its worker forked (the twenty-eighth session's
   default).
-- ``spawned``: both spawned, vLLM CPU's own way (and the core spawned:
+- ``spawned``: both spawned, vLLM CPU's own way (the core as in ``core_spawned``, the worker by
   ``engine.extra_engine_args.distributed_executor_backend=mp``).
 
     .venv/bin/python benchmarks/bench_train_start.py --variants default core_spawned --pairs 3 --steps 10

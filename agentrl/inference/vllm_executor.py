@@ -24,6 +24,7 @@ Lives in the engine-core process too: vLLM pickles the executor class by referen
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any
@@ -89,20 +90,17 @@ def executor_class(executor: str) -> type:
 def start_llm(args: Any, *, fork_core: bool) -> Any:
     """vLLM's ``AsyncLLM`` for ``args`` (``AsyncEngineArgs``); with ``fork_core`` its engine-core process forked
     from this one (on CPU hosts, where vLLM would spawn it)."""
+    global CORE_FORKED_FROM
+    from vllm.utils.system_utils import set_env_var
     from vllm.v1.engine.async_llm import AsyncLLM
 
     config = args.create_engine_config()  # where vLLM CPU sets VLLM_WORKER_MULTIPROC_METHOD=spawn
-    if not fork_core:
-        return AsyncLLM.from_vllm_config(config, disable_log_stats=args.disable_log_stats)
-    global CORE_FORKED_FROM
-    before = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # read by get_mp_context as the engine core starts
-    CORE_FORKED_FROM = os.getpid()
+    # Read by get_mp_context as the engine core starts, then restored: later configs set it again, and another
+    # library's own processes need not follow ours.
+    forking = set_env_var("VLLM_WORKER_MULTIPROC_METHOD", "fork") if fork_core else contextlib.nullcontext()
+    CORE_FORKED_FROM = os.getpid() if fork_core else None
     try:
-        return AsyncLLM.from_vllm_config(config, disable_log_stats=args.disable_log_stats)
-    finally:  # later configs set it again; another library's own processes need not follow ours
+        with forking:
+            return AsyncLLM.from_vllm_config(config, disable_log_stats=args.disable_log_stats)
+    finally:
         CORE_FORKED_FROM = None
-        if before is None:
-            os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
-        else:
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = before
