@@ -137,8 +137,9 @@ async def driver(args) -> None:
         phases.append(await run_phase("local (envs in the driver)", local_specs(args.local, rng), cfg))
     if args.ray:
         import ray
+        from agentrl import raystart
 
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        raystart.init(num_cpus=2)
         once = os.path.join(tempfile.mkdtemp(prefix="agentrl-faults-"), "stuck-once")
         cfg = ManagerConfig(workers=2, max_concurrency=64, step_timeout_s=2.0, reset_timeout_s=30.0,
                             max_failures_per_group=0)

@@ -96,11 +96,12 @@ async def run_manager(lat: np.ndarray, slots: int, workers: int, batch_sync: boo
 
 def main(args: argparse.Namespace) -> list[dict]:
     import ray
+    from agentrl import raystart
 
     assert args.episodes % args.slots == 0, "episodes must be a multiple of slots"
     venv = gymnasium.vector.AsyncVectorEnv([LockstepSleepEnv] * args.slots, context="spawn")
     if args.workers:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        raystart.init(num_cpus=2)
     rows = []
     try:
         for sigma in args.sigmas:

@@ -56,9 +56,10 @@ async def run_batch(args: argparse.Namespace, groups: int, size: int, seed: int)
 
 async def main(args: argparse.Namespace) -> dict:
     import ray
+    from agentrl import raystart
 
     if args.workers:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        raystart.init(num_cpus=2)
     res: dict[str, list[dict]] = {}
     try:
         for rep in range(args.repeats):

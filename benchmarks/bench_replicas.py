@@ -105,6 +105,7 @@ def summary(name: str, start_s: float, rounds: list[dict[str, float]], load: tup
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import ray
+    from agentrl import raystart
     from agentrl.chat import load_tokenizer
     from agentrl.inference.config import EngineConfig
     from agentrl.inference.replicas import ReplicatedEngine
@@ -126,7 +127,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tok = load_tokenizer(model)
     base = EngineConfig(model=model, max_model_len=max(1024, 64 + args.turns * (args.tokens + 48)),
                         max_num_seqs=max(args.episodes, 16))
-    ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+    raystart.init(num_cpus=args.ray_cpus)
     others = {
         "1-actor": lambda: ReplicatedEngine(base),  # replicas: 1, but in a Ray actor
         "2-replicas": lambda: ReplicatedEngine(dataclasses.replace(base, replicas=2)),

@@ -88,6 +88,7 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 async def calibrate(model: str, reps: int, max_turns: int) -> dict:
     import ray
+    from agentrl import raystart
 
     from agentrl.controller.run import load_config
     from agentrl.controller.weights import WeightSync
@@ -99,7 +100,7 @@ async def calibrate(model: str, reps: int, max_turns: int) -> dict:
 
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", [f"engine.model={model}"])
     out: dict = {"load_start": _load()}
-    ray.init(num_cpus=cfg.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+    raystart.init(num_cpus=cfg.ray_num_cpus)
     trainer = create_trainer(cfg.trainer_config(), model, num_cpus=cfg.trainer_num_cpus)
     engine = make_engine(cfg.engine)
     rng = random.Random(0)

@@ -62,6 +62,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import ray
+    from agentrl import raystart
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -80,7 +81,7 @@ def main() -> None:
     batch = _batch(args.batch, args.prompt, args.gen, args.vocab)
     tokens = sum(len(t.token_ids) for g in batch for t in g.trajectories)
 
-    ray.init(num_cpus=sum(args.world_sizes), include_dashboard=False, log_to_driver=False)
+    raystart.init(num_cpus=sum(args.world_sizes))
     load_before = open("/proc/loadavg").read().split()[:3]
     trainers = {}
     try:

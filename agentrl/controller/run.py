@@ -55,6 +55,7 @@ from typing import Any
 
 import yaml
 
+from agentrl import raystart
 from agentrl.config import ConfigError, to_dict
 from agentrl.inference.base import unless_dead
 from agentrl.inference.config import EngineConfig
@@ -289,8 +290,7 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
     _atomic_write(files.root / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
     if not ray.is_initialized():
-        ray.init(address=cfg.ray_address, num_cpus=cfg.ray_num_cpus if cfg.ray_address is None else None,
-                 include_dashboard=False, log_to_driver=False)
+        raystart.init(cfg.ray_address, cfg.ray_num_cpus)
     check_resources(cfg)  # before any model loads
 
     held = HeldOut(cfg.env, cfg.eval.episodes)

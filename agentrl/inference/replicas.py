@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import ray
 
+from agentrl import raystart
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import EngineConfig
 from agentrl.inference.replica_actor import EngineReplica
@@ -153,7 +154,7 @@ class ReplicatedEngine(InferenceEngine):
         self.max_model_len = cfg.max_model_len
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
-            ray.init(include_dashboard=False, log_to_driver=False)
+            raystart.init()
         self._version, self._closed = 0, False
         self._lock: asyncio.Lock | None = None
         self._where: dict[str, int] = {}

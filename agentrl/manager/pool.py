@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Callable
+from typing import Callable
 
+from agentrl import raystart
 from agentrl.manager.config import ManagerConfig, ManagerError
 from agentrl.manager.workers import EnvWorker, LocalWorker, RayWorker
 
@@ -45,12 +46,7 @@ class WorkerPool:
         import ray
 
         if not ray.is_initialized():
-            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-            if self.cfg.ray_address:
-                kw["address"] = self.cfg.ray_address
-            elif self.cfg.ray_num_cpus is not None:
-                kw["num_cpus"] = self.cfg.ray_num_cpus
-            ray.init(**kw)
+            raystart.init(self.cfg.ray_address, self.cfg.ray_num_cpus, log_to_driver=True)
             self._ray_started = True
         new = [self._new_ray_worker() for _ in range(self.cfg.workers)]
         await asyncio.gather(*(w.start() for w in new))
