@@ -71,6 +71,7 @@ class ChatRequest:
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
+    body_bytes: int | None = None  # the HTTP body's size when known: small requests are rendered on the event loop
 
 
 @dataclass
@@ -80,6 +81,7 @@ class CompletionRequest:
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
+    body_bytes: int | None = None  # the HTTP body's size when known: small requests are rendered on the event loop
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:

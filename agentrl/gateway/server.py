@@ -33,10 +33,10 @@ unless configured otherwise, and any other address needs ``api_key``. Keys are c
 about a key; an issued-looking key (``sk-agentrl-``) that is not live (its session ended) is refused even when the
 server has no key. Request bodies are bounded (``max_request_bytes``), as are ``max_tokens``, ``n``, live sessions,
 tokens per session, ``end``'s reward and info, and the time a prompt takes to render (in a worker thread, off the
-event loop). Every failure is an OpenAI error body (``{"error": {"message", "type", "param", "code"}}``) with a
-4xx/5xx status; no request can crash the server, a failed request leaves its session as it was, and a client that
-hangs up is counted (``gateway/errors/client_disconnected``), not logged as a server error; its request is cancelled,
-streamed or not, so the engine samples nothing for a client that left.
+event loop, unless it is small). Every failure is an OpenAI error body (``{"error": {"message", "type", "param",
+"code"}}``) with a 4xx/5xx status; no request can crash the server, a failed request leaves its session as it was, and
+a client that hangs up is counted (``gateway/errors/client_disconnected``), not logged as a server error; its request
+is cancelled, streamed or not, so the engine samples nothing for a client that left.
 
 **Streaming** is token by token in every dialect (:mod:`~agentrl.gateway.live`, :mod:`~agentrl.gateway.streaming`,
 :mod:`~agentrl.gateway.writers`); the response bodies: :mod:`~agentrl.gateway.responses`.
@@ -368,6 +368,7 @@ class Gateway(SessionRoutes, DialectRoutes):
             raise bad("previous_response_id", f"the previous response belongs to session {owner!r}, not to this "
                                               f"request's session {session.id!r}", "wrong_session")
         chat = isinstance(req, ChatRequest)
+        req.body_bytes = request.content_length  # None for a chunked body: rendered in the worker thread
         run = (lambda live: self._forget_on_failure(  # type: ignore[arg-type]
             session, session.chat(req, live) if chat else session.complete(req, live)))
         # notes quote client-sent names: printable ASCII only, so a header cannot be split or refused

@@ -54,7 +54,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.gateway.choices import Choice, Completion, assistant_key, read_chat, read_completion
 from agentrl.gateway.config import GatewayConfig
 from agentrl.gateway.live import LiveRequest
-from agentrl.gateway.planning import Plan, Segment, plan_chat, plan_prompt, snapshot
+from agentrl.gateway.planning import Plan, Segment, Snapshot, plan_chat, plan_prompt, snapshot
 from agentrl.gateway.protocol import APIError, ChatRequest, CompletionRequest, Sampling, bad
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.resubmit import derive_seed, generate_resubmitting
@@ -65,6 +65,14 @@ from agentrl.trajectory import Trajectory
 Live = LiveRequest | None  # a streamed request's listener (see :mod:`agentrl.gateway.live`)
 
 __all__ = ["Choice", "Completion", "Segment", "Session", "SessionContext"]
+
+
+def _size(req: ChatRequest | CompletionRequest, snap: Snapshot) -> int | None:
+    """What rendering ``req`` may cost, in characters: its body plus the session's longest recorded text (history the
+    gateway holds, e.g. a ``previous_response_id``'s, is rendered too); ``None`` when the body's size is unknown."""
+    if req.body_bytes is None:
+        return None
+    return req.body_bytes + max((len(text) for _, text, _ in snap), default=0)
 
 
 @dataclass
@@ -243,7 +251,8 @@ class Session:
         self._begin()
         try:
             msgs = self._for_template(req.messages, record=False)
-            plan = await self.ctx.offload(plan_chat, self.r, msgs, req.tools, snapshot(self.segments))
+            snap = snapshot(self.segments)
+            plan = await self.ctx.offload(plan_chat, self.r, msgs, req.tools, snap, size=_size(req, snap))
         finally:
             self.inflight -= 1
         return len(plan.prompt_ids)
@@ -257,7 +266,8 @@ class Session:
         self._begin()  # in flight from here: the session is neither expired nor forgotten while it renders
         try:
             msgs = self._for_template(req.messages)
-            plan = await self.ctx.offload(plan_chat, self.r, msgs, tools, snapshot(self.segments))
+            snap = snapshot(self.segments)
+            plan = await self.ctx.offload(plan_chat, self.r, msgs, tools, snap, size=_size(req, snap))
             self._check_open()
             gens, _ = await self._sample_n(plan, req.sampling, live)
         finally:
@@ -285,7 +295,8 @@ class Session:
 
             if isinstance(req.prompt, list):
                 in_vocab(req.prompt)  # before the plan decodes them: an id past the tokenizer's integer type raises
-            plan = await self.ctx.offload(plan_prompt, self.r, req.prompt, snapshot(self.segments))
+            snap = snapshot(self.segments)
+            plan = await self.ctx.offload(plan_prompt, self.r, req.prompt, snap, size=_size(req, snap))
             in_vocab(plan.prompt_ids)
             self._check_open()
             gens, _ = await self._sample_n(plan, req.sampling, live)

@@ -18,11 +18,14 @@ import pytest
 
 from agentrl.chat import ChatConfig, ChatRenderer
 from agentrl.gateway import GatewayConfig
+from agentrl.gateway.store import INLINE_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests run with --import-mode=importlib
 from test_gateway import ClosingGateway, ScriptEngine, err, post, serve, tiny_tok  # noqa: E402,F401
 
 OK = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+# a request too large to be rendered on the event loop (store.INLINE_BYTES): it goes to the render thread
+BIG = {"model": "tiny", "messages": [{"role": "user", "content": "the " * (INLINE_BYTES // 4 + 1)}]}  # ~1k tokens
 
 
 async def request(gw, method, path, *, data=None, headers=None):
@@ -159,11 +162,12 @@ class BlockingRenderer(ChatRenderer):
 
 async def test_rendering_runs_off_the_event_loop(tiny_tok):
     r = BlockingRenderer(tiny_tok)
-    gw = ClosingGateway(ScriptEngine(tiny_tok, ["ok<eos>"]), renderer=r, cfg=GatewayConfig(port=0), model_name="tiny")
+    gw = ClosingGateway(ScriptEngine(tiny_tok, ["ok<eos>"], max_model_len=2048), renderer=r, cfg=GatewayConfig(port=0),
+                        model_name="tiny")
     gw.clients = []
     await gw.start()
     try:
-        slow = asyncio.ensure_future(post(gw, "/s/big/v1/chat/completions", OK))
+        slow = asyncio.ensure_future(post(gw, "/s/big/v1/chat/completions", BIG))
         assert await asyncio.to_thread(r.started.wait, 30)
         st, _ = await request(gw, "GET", "/health")  # served while the render is still running
         finished_first = r.finished
@@ -175,14 +179,77 @@ async def test_rendering_runs_off_the_event_loop(tiny_tok):
         await gw.stop()
 
 
+class ThreadRecordingRenderer(BlockingRenderer):
+    """A :class:`BlockingRenderer` that records the thread of every render of a request's messages (not the
+    renderer's own probe conversations) and how many ran at once."""
+
+    def __init__(self, tok, blocking: bool):
+        super().__init__(tok)
+        self.blocking, self.threads, self.now, self.most = blocking, [], 0, 0
+        self.lock = threading.Lock()
+
+    def render(self, messages, **kw):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            if messages[0]["content"] in ("x", BIG["messages"][0]["content"]):
+                self.threads.append(threading.current_thread().name)
+        try:
+            return super().render(messages, **kw)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+async def recording_gateway(tok, blocking: bool):
+    r = ThreadRecordingRenderer(tok, blocking)
+    gw = ClosingGateway(ScriptEngine(tok, ["ok<eos>", "ok<eos>"], max_model_len=2048), renderer=r,
+                        cfg=GatewayConfig(port=0), model_name="tiny")
+    gw.clients = []
+    await gw.start()
+    return r, gw
+
+
+async def test_small_requests_render_on_the_loop_large_ones_in_the_thread(tiny_tok):
+    r, gw = await recording_gateway(tiny_tok, blocking=False)
+    try:
+        assert (await post(gw, "/s/a/v1/chat/completions", OK))[0] == 200
+        assert (await post(gw, "/s/b/v1/chat/completions", BIG))[0] == 200
+        assert r.threads[0] == threading.current_thread().name  # the event loop's
+        assert r.threads[1].startswith("agentrl-gateway-render")
+    finally:
+        await gw.stop()
+
+
+async def test_a_small_request_waits_for_the_render_thread_when_it_is_busy(tiny_tok):
+    """The tokenizer is never used by two threads at once: while a large render holds the worker thread, a small
+    request is queued behind it, not rendered on the loop."""
+    r, gw = await recording_gateway(tiny_tok, blocking=True)
+    try:
+        big = asyncio.ensure_future(post(gw, "/s/big/v1/chat/completions", BIG))
+        assert await asyncio.to_thread(r.started.wait, 30)
+        small = asyncio.ensure_future(post(gw, "/s/small/v1/chat/completions", OK))
+        for _ in range(3000):  # until the small request has been handed to the worker (its render is queued)
+            if sum(not f.done() for f in gw.store._running) == 2 or small.done():
+                break
+            await asyncio.sleep(0.01)
+        assert not small.done() and len(r.threads) == 1
+        r.gate.set()
+        assert (await big)[0] == 200 and (await small)[0] == 200
+        assert r.most == 1 and all(t.startswith("agentrl-gateway-render") for t in r.threads)
+    finally:
+        r.gate.set()
+        await gw.stop()
+
+
 async def test_rendering_is_bounded_in_time(tiny_tok):
     r = BlockingRenderer(tiny_tok)
-    gw = ClosingGateway(ScriptEngine(tiny_tok, ["ok<eos>"]), renderer=r, model_name="tiny",
+    gw = ClosingGateway(ScriptEngine(tiny_tok, ["ok<eos>"], max_model_len=2048), renderer=r, model_name="tiny",
                         cfg=GatewayConfig(port=0, render_timeout_s=0.5))
     gw.clients = []
     await gw.start()
     try:
-        st, body = await post(gw, "/s/big/v1/chat/completions", OK)
+        st, body = await post(gw, "/s/big/v1/chat/completions", BIG)
         finished = r.finished
         r.gate.set()
         assert st == 503 and err(body)["code"] == "render_timeout" and not finished
