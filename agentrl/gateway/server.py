@@ -321,6 +321,7 @@ class Gateway(SessionRoutes, DialectRoutes):
         except asyncio.TimeoutError:
             raise APIError(408, f"the request body did not arrive within body_timeout_s={self.cfg.body_timeout_s}",
                            code="body_timeout") from None
+        request["body_bytes"] = len(raw)  # as read: a compressed body's Content-Length says less
         return parse_json(raw)
 
     def _check_model(self, model: str) -> None:
@@ -368,7 +369,7 @@ class Gateway(SessionRoutes, DialectRoutes):
             raise bad("previous_response_id", f"the previous response belongs to session {owner!r}, not to this "
                                               f"request's session {session.id!r}", "wrong_session")
         chat = isinstance(req, ChatRequest)
-        req.body_bytes = request.content_length  # None for a chunked body: rendered in the worker thread
+        req.body_bytes = request.get("body_bytes")
         run = (lambda live: self._forget_on_failure(  # type: ignore[arg-type]
             session, session.chat(req, live) if chat else session.complete(req, live)))
         # notes quote client-sent names: printable ASCII only, so a header cannot be split or refused

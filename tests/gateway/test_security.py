@@ -7,6 +7,7 @@ test_gateway.py; slow clients are raw sockets. The browser-level checks are in t
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import sys
@@ -217,6 +218,19 @@ async def test_small_requests_render_on_the_loop_large_ones_in_the_thread(tiny_t
         assert (await post(gw, "/s/b/v1/chat/completions", BIG))[0] == 200
         assert r.threads[0] == threading.current_thread().name  # the event loop's
         assert r.threads[1].startswith("agentrl-gateway-render")
+    finally:
+        await gw.stop()
+
+
+async def test_a_compressed_body_is_sized_as_read_not_by_its_content_length(tiny_tok):
+    """A gzip body a few hundred bytes long that inflates past INLINE_BYTES is rendered in the thread: the loop is
+    never handed a large render by a small Content-Length."""
+    r, gw = await recording_gateway(tiny_tok, blocking=False)
+    try:
+        packed = gzip.compress(json.dumps(BIG).encode())
+        assert len(packed) < INLINE_BYTES
+        st, _ = await post(gw, "/s/z/v1/chat/completions", raw=packed, headers={"Content-Encoding": "gzip"})
+        assert st == 200 and r.threads == [r.threads[0]] and r.threads[0].startswith("agentrl-gateway-render")
     finally:
         await gw.stop()
 
