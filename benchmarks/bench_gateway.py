@@ -69,6 +69,7 @@ import sys
 import time
 from typing import Any
 
+from agentrl import gcheap
 from agentrl.core import Env
 
 ENV_REPLY = "Lower than 9. 3 guesses left."
@@ -446,19 +447,20 @@ async def main_async(args) -> dict:
     runs: dict[str, list[dict[str, Any]]] = {"native": [], **{s: [] for s in args.sides}}
     pairs: dict[str, list[float]] = {s: [] for s in args.sides}  # side / the native run just before it
     try:
-        warm = argparse.Namespace(**{**vars(args), "episodes": min(args.episodes, 8), "turns": 2})
-        await run_native(engine, tok, warm, "warm-n")
-        for side in args.sides:
-            await run_gateway(engine, tok, warm, side, f"warm-{side}")
-        for r in range(args.repeats):
+        with gcheap.settled():  # the collector as `agentrl train` runs its RL phase, for every side
+            warm = argparse.Namespace(**{**vars(args), "episodes": min(args.episodes, 8), "turns": 2})
+            await run_native(engine, tok, warm, "warm-n")
             for side in args.sides:
-                native = await run_native(engine, tok, args, f"n{r}-{side}")
-                res = await run_gateway(engine, tok, args, side, f"g{r}-{side}")
-                runs["native"].append(native)
-                runs[side].append(res)
-                pairs[side].append(res["tok_per_s"] / native["tok_per_s"])
-                print(f"repeat {r} {side}: native {native['tok_per_s']:.0f} tok/s, gateway {res['tok_per_s']:.0f} "
-                      f"tok/s, {pairs[side][-1]:.3f}x (load {loadavg()})", file=sys.stderr)
+                await run_gateway(engine, tok, warm, side, f"warm-{side}")
+            for r in range(args.repeats):
+                for side in args.sides:
+                    native = await run_native(engine, tok, args, f"n{r}-{side}")
+                    res = await run_gateway(engine, tok, args, side, f"g{r}-{side}")
+                    runs["native"].append(native)
+                    runs[side].append(res)
+                    pairs[side].append(res["tok_per_s"] / native["tok_per_s"])
+                    print(f"repeat {r} {side}: native {native['tok_per_s']:.0f} tok/s, gateway {res['tok_per_s']:.0f} "
+                          f"tok/s, {pairs[side][-1]:.3f}x (load {loadavg()})", file=sys.stderr)
     finally:
         sentinel.cancel()
         gc.callbacks.remove(_gc_timer)

@@ -18,7 +18,7 @@ TREES = {"agentrl": ROOT / "agentrl", "agentrl.envs": ROOT / "envs", "agentrl.sa
 # Bottom first. "agentrl" is the package face (agentrl/__init__.py: it registers the built-in envs).
 LAYERS: list[set[str]] = [
     {"agentrl.config", "agentrl.syncpool", "agentrl._moved", "agentrl.netguard", "agentrl.proctemp", "agentrl.raystart",
-     "agentrl.childwatch"},
+     "agentrl.childwatch", "agentrl.gcheap"},
     {"agentrl.core"},
     {"agentrl.registration", "agentrl.tools", "agentrl.policy", "agentrl.trajectory"},
     {"agentrl.sandboxes"},

@@ -120,6 +120,7 @@ async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, e
     import signal
     import sys
 
+    from agentrl import gcheap
     from agentrl.chat import load_tokenizer
     from agentrl.config import from_dict
     from agentrl.gateway.server import Gateway
@@ -157,7 +158,8 @@ async def serve(cfg: GatewayRunConfig, stop: "asyncio.Event | None" = None, *, e
             if note:
                 print(note, file=sys.stderr, flush=True)
             try:
-                await unless_dead(engine, stop.wait())
+                with gcheap.settled():
+                    await unless_dead(engine, stop.wait())
             except EngineDead as e:  # as vLLM's own server does: exit, so that a supervisor starts a new one
                 print(f"agentrl gateway: stopping, the engine is dead: {e}; live sessions go to {cfg.gateway.out} "
                       f"(truncated); exit status 1", file=sys.stderr, flush=True)

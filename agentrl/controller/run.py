@@ -55,7 +55,7 @@ from typing import Any
 
 import yaml
 
-from agentrl import raystart
+from agentrl import gcheap, raystart
 from agentrl.config import ConfigError, to_dict
 from agentrl.inference.base import unless_dead
 from agentrl.inference.config import EngineConfig
@@ -353,8 +353,9 @@ async def train(cfg: TrainConfig, *, resume: bool = False, policy: Any = None) -
                      history["eval_before"]["reward"], len(held.eval_seeds))
 
         policy = make_policy(engine, tokenizer, cfg.rollout)
-        summary = await unless_dead(engine, _loop(cfg, files, trainer, engine, weights, policy, tasks, step0, history,
-                                                  writer, tokenizer, held))
+        with gcheap.settled():
+            summary = await unless_dead(engine, _loop(cfg, files, trainer, engine, weights, policy, tasks, step0,
+                                                      history, writer, tokenizer, held))
         # This process's times (a resumed run counts from its restart): set-up + warm start + RL phase = wall_s.
         summary["wall_s"] = time.perf_counter() - t_start
         summary["warm_start_s"] = t_rl - t_warm
