@@ -103,7 +103,7 @@ class FixedTurnsEnv(Env):
 
 class InstantEngine:
     """Returns ``max_tokens`` tokens of fixed ordinary text at once (log-prob -0.1, version 0): no model cost.
-    Streamed, it tells them one at a time (every streamed side gets deltas)."""
+    Streamed, it tells the first, then ``stream_interval`` at a time (every streamed side gets deltas)."""
 
     def __init__(self, tok, max_model_len: int):
         ids = tok(" I guess the number is eight, then nine.", add_special_tokens=False)["input_ids"]
@@ -118,8 +118,10 @@ class InstantEngine:
 
     async def generate_streaming(self, prompt_ids, params, *, request_id, session_id=None, on_tokens):
         gen = await self.generate(prompt_ids, params, request_id=request_id, session_id=session_id)
-        for t in gen.token_ids:
-            on_tokens([t])
+        ids, k = gen.token_ids, params.stream_interval  # the first at once, then k at a time (vLLM's rule)
+        for chunk in [ids[:1]] + [ids[i:i + k] for i in range(1, len(ids), k)]:
+            if chunk:
+                on_tokens(chunk)
         return gen
 
     async def abort(self, request_id):
@@ -401,6 +403,8 @@ async def run_gateway(engine, tok, args, side: str, tag: str) -> dict:
     from agentrl.manager import EnvManager, EpisodeSpec, ManagerConfig
 
     cfg = GatewayConfig(port=0, max_sessions=4 * args.episodes, sampling="config", temperature=1.0)
+    if args.stream_interval is not None:
+        cfg.stream_interval = args.stream_interval
     harness, client = make_harness(side, args)
     policy = HarnessPolicy(engine, tok, harness, cfg)
     specs = [EpisodeSpec(HARNESS_ENV_ID, seed=i) for i in range(args.episodes)]
@@ -469,7 +473,8 @@ async def main_async(args) -> dict:
     cpu = {k: statistics.median(x["cpu_ms_per_turn"] for x in v) for k, v in runs.items()}
     expected = args.episodes * args.turns * args.tokens
     return {"episodes": args.episodes, "turns": args.turns, "tokens_per_turn": args.tokens, "sides": list(args.sides),
-            "engine": args.engine, "runs": runs, "paired_ratios": pairs, "median_tok_per_s": med,
+            "engine": args.engine, "stream_interval": args.stream_interval, "runs": runs, "paired_ratios": pairs,
+            "median_tok_per_s": med,
             "median_cpu_ms_per_turn": cpu,
             "all_lengths_exact": all(x["tokens"] == expected for v in runs.values() for x in v),
             "ratio_over_native": {s: statistics.median(pairs[s]) for s in args.sides},
@@ -501,8 +506,8 @@ def table(out: dict) -> str:
         for k in ("native", *out["sides"])))
     rows.append("")
     rows.append(f"{out['episodes']} episodes x {out['turns']} turns x {out['tokens_per_turn']} tokens, engine "
-                f"{out['engine']}; exact lengths: {out['all_lengths_exact']}; load average {out['loadavg_before']} "
-                f"-> {out['loadavg_after']}")
+                f"{out['engine']}; stream_interval {out['stream_interval'] or 'default'}; exact lengths: "
+                f"{out['all_lengths_exact']}; load average {out['loadavg_before']} -> {out['loadavg_after']}")
     return "\n".join(rows)
 
 
@@ -521,6 +526,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="instant: no model, tokens returned at once (measures each side's per-turn CPU)")
     p.add_argument("--smoke", action="store_true",
                    help="2 episodes x 2 turns x 8 tokens, 1 repeat, every side: each runs end to end (no figures)")
+    p.add_argument("--stream-interval", type=int, default=None,
+                   help="the gateway's stream_interval (tokens per streamed delta after the first); default: its own")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.smoke:

@@ -13,6 +13,7 @@
     max_sessions: 1024
     max_session_tokens: 1000000
     session_idle_s: 3600
+    stream_interval: 1       # a streamed answer's tokens per delta after the first (1: every token as sampled)
     sampling: client         # client: the request's temperature/top_p/top_k; config: the fields below, always
     temperature: 1.0
     top_p: 1.0
@@ -46,6 +47,8 @@ class GatewayConfig:
     values (these fields are then the defaults for requests that give none). ``max_resubmits``: aborted engine
     requests (weight updates in abort mode) of one completion that are resubmitted with the tokens so far.
     ``keepalive_s``: a streaming response sends an SSE comment this often while the completion is being generated.
+    ``stream_interval``: a streamed answer's first token is sent at once, the rest in deltas of this many tokens
+    (vLLM's ``--stream-interval``); each delta costs the engine's front end, the gateway and the client one event.
     ``chat``: the model family and template options; its ``template_mode`` is not used, because the gateway never
     changes what a harness sends: a conversation the template renders differently from the session's tokens starts
     a new segment (the agent loop's ``split``). Metrics are cumulative since the gateway started.
@@ -78,6 +81,7 @@ class GatewayConfig:
     top_k: int = -1
     max_resubmits: int = 64
     keepalive_s: float = 15.0
+    stream_interval: int = 1
     out: str | None = None
     allowed_hosts: list[str] | None = None
     allowed_origins: list[str] = field(default_factory=list)
@@ -96,7 +100,7 @@ class GatewayConfig:
                              f"session id), not starting with {ISSUED_PREFIX!r} (the issued session keys' prefix)")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_request_bytes", "max_n", "max_sessions", "max_session_tokens"):
+        for name in ("max_request_bytes", "max_n", "max_sessions", "max_session_tokens", "stream_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_tokens is not None and self.max_tokens < 1:

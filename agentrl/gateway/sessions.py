@@ -183,6 +183,7 @@ class Session:
             stop=list(s.stop),
             seed=s.seed,
             ignore_eos=s.ignore_eos,
+            stream_interval=cfg.stream_interval,
         )
 
     async def _sample(self, prompt: list[int], params: SamplingParams, rid: str,

@@ -2,9 +2,9 @@
 
 Flow: the request's coroutine (``run(live)``, a session's ``chat`` or ``complete`` given a
 :class:`~agentrl.gateway.live.LiveRequest`) runs as a task; the live request puts ``("start", prompt_tokens)`` and
-then ``(choice, kind, text)`` deltas on a queue, and the task's end puts ``None``. Engine steps reach the queue
+then ``(choice, kind, text)`` deltas in an inbox, and the task's end puts ``None``. Engine steps reach the inbox
 before the task's result (:meth:`~agentrl.inference.base.InferenceEngine.generate_streaming`), so the last deltas
-precede the end. This loop writes what the queue holds (all of it per write), an SSE keep-alive when nothing came
+precede the end. This loop writes what the inbox holds (all of it per write), an SSE keep-alive when nothing came
 for ``keepalive_s``, and once the task is done, the rest of the final reading and the writer's closing frames.
 
 Errors: the response starts (HTTP 200, SSE headers) only when sampling starts, or after ``keepalive_s`` without it,
@@ -51,40 +51,32 @@ async def stream_live(request: web.Request, run: Callable[[LiveRequest], Awaitab
     """Answers ``request`` with the stream of ``run(live)`` (see the module docstring); a failure after the response
     started is counted in ``errors[code]``, as the server counts a plain error response (``engine_dead`` when
     ``dead()`` names why the engine can generate no more)."""
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    live.sink = queue.put_nowait
+    inbox = _Inbox()
+    live.sink = inbox.put
     task = asyncio.ensure_future(run(live))
-    task.add_done_callback(lambda t: queue.put_nowait(None))
-    pending: list[Any] = []
+    task.add_done_callback(lambda t: inbox.put(None))
     try:
-        pending.append(await asyncio.wait_for(queue.get(), keepalive_s))
-    except asyncio.TimeoutError:
-        pass
+        await inbox.wait(keepalive_s)
     except BaseException:
         task.cancel()
         raise
-    if pending == [None]:  # failed (or done) before sampling started: a plain response
+    if inbox.items == [None]:  # failed (or done) before sampling started: a plain response
         task.result()  # raises the request's error
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        **(headers or {})})
     try:
         await resp.prepare(request)
         while True:
-            while not queue.empty():
-                pending.append(queue.get_nowait())
-            if not pending:
-                try:
-                    pending.append(await asyncio.wait_for(queue.get(), keepalive_s))
-                except asyncio.TimeoutError:
-                    await resp.write(writer.keepalive)
+            if not await inbox.wait(keepalive_s):
+                await resp.write(writer.keepalive)
                 continue
+            pending = inbox.take()
             ended = None in pending
             frames: list[bytes] = []
             for item in pending:
                 if item is None:
                     break
                 frames += writer.start(item[1]) if item[0] == "start" else writer.delta(*item)
-            pending.clear()
             if frames:
                 await resp.write(b"".join(frames))
             if ended:
@@ -98,6 +90,37 @@ async def stream_live(request: web.Request, run: Callable[[LiveRequest], Awaitab
             raise
         on_hang_up(request)
     return resp
+
+
+class _Inbox:
+    """What the live request and the request's end put for the stream's writer, and the writer's wait for it: a
+    future and a timer per wait (``asyncio.wait_for`` on a queue made a task per wait, once per engine step)."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True once something was put (at once if something is waiting), False after ``timeout_s`` without."""
+        if not self.items:
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            timer = loop.call_later(timeout_s, lambda: waiter.done() or waiter.set_result(None))
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        return bool(self.items)
+
+    def take(self) -> list[Any]:
+        items, self.items = self.items, []
+        return items
 
 
 def _closing(task: asyncio.Future, live: LiveRequest, writer: Writer, errors: Counter[str],

@@ -257,7 +257,11 @@ class RemoteEngine(InferenceEngine):
                     f"({', '.join(s.url for s in self.servers)})")
         return None
 
-    def _body(self, prompt: list[int], params: SamplingParams, max_tokens: int, request_id: str) -> dict[str, Any]:
+    def _body(self, prompt: list[int], params: SamplingParams, max_tokens: int, request_id: str,
+              streamed: bool) -> dict[str, Any]:
+        # The server sends the first token at once, then every stream_interval tokens, and the rest at the end: a
+        # whole answer needs no chunks between (each one is parsed here).
+        interval = params.stream_interval if streamed else max_tokens
         sp: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": params.temperature,
@@ -267,6 +271,8 @@ class RemoteEngine(InferenceEngine):
             "ignore_eos": params.ignore_eos,
             "skip_special_tokens": False,  # stop strings may be special tokens (e.g. "<|im_end|>")
         }
+        if interval > 1:
+            sp["stream_interval"] = interval
         if params.stop:
             sp["stop"] = list(params.stop)
         if params.stop_token_ids:
@@ -285,7 +291,8 @@ class RemoteEngine(InferenceEngine):
         server = self.servers[i]
         req = _Request(server=i, tell=tell)
         self.router.started(i)
-        req.task = asyncio.ensure_future(self._stream(server, self._body(prompt, params, max_tokens, request_id), req))
+        req.task = asyncio.ensure_future(self._stream(server, self._body(prompt, params, max_tokens, request_id,
+                                                                       tell is not None), req))
         self._inflight[request_id] = req
         try:
             await req.task

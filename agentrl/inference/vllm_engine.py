@@ -3,7 +3,8 @@
 Threading: AsyncLLM's output handler is an asyncio task bound to the loop that first uses it. This class runs
 AsyncLLM on its own event loop in a daemon thread, and every public coroutine hops onto that loop. So one engine
 serves callers on any event loop (pytest's per-test loops, Ray actors, the agent loop) and the agent loop's
-own loop never runs vLLM's output processing.
+own loop never runs vLLM's output processing. Results and streamed ids go back through one relay per caller loop
+(:mod:`agentrl.inference.relay`). An unstreamed request is read twice (first token, rest), not once per step.
 
 Versions: the engine core labels every output step with its current weight version (vLLM 0.32
 ``set_weight_version``); the final output of a request carries those labels as spans, which this class expands
@@ -29,7 +30,6 @@ their sockets go to a directory that lives and dies with this process (:mod:`age
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import os
 import threading
@@ -37,6 +37,7 @@ import time
 from typing import Any, Callable, Coroutine, TypeVar
 
 from agentrl.inference import orphan_guard, rpc_dir
+from agentrl.inference.relay import Relays
 from agentrl.inference.base import Generation, InferenceEngine, SamplingParams
 from agentrl.inference.config import WORKER_EXTENSION, EngineConfig
 
@@ -97,6 +98,7 @@ class VLLMEngine(InferenceEngine):
         self._paused_mode = cfg.pause_mode  # the mode of the current phased update (pause .. commit)
         self.adapter_set: Any = None  # the agentrl.inference.lora.AdapterSet served (None: full weights)
         self._loop = asyncio.new_event_loop()
+        self._relays = Relays()  # results and streamed ids back to the callers' loops, one wake-up per batch
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-vllm-engine", daemon=True)
         self._thread.start()
         t0 = time.perf_counter()
@@ -128,12 +130,7 @@ class VLLMEngine(InferenceEngine):
         if self._closed:
             coro.close()
             raise RuntimeError("VLLMEngine is closed")
-        fut: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return await asyncio.wrap_future(fut)
-        except asyncio.CancelledError:
-            fut.cancel()
-            raise
+        return await self._relays.run(coro, self._loop)
 
     async def _start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -227,14 +224,15 @@ class VLLMEngine(InferenceEngine):
         self, prompt_ids: list[int], params: SamplingParams, *, request_id: str, session_id: str | None = None,
         on_tokens: Callable[[list[int]], None],
     ) -> Generation:
-        """:meth:`generate`, telling ``on_tokens`` each output step's new ids as AsyncLLM yields them. The engine
-        loop hands them to the caller's loop (``call_soon_threadsafe``), which also delivers the result after the
+        """:meth:`generate`, telling ``on_tokens`` the new ids as AsyncLLM yields them: the first at once, then
+        every ``params.stream_interval`` tokens, the rest at the end (steps the caller has not read yet come merged).
+        The engine loop hands them to the caller's loop through its relay, which also delivers the result after the
         last of them, so the caller sees every step before this returns."""
         room = self._room(prompt_ids, params)
-        loop = asyncio.get_running_loop()
+        relay = self._relays.for_loop(asyncio.get_running_loop())
 
         def tell(ids: list[int]) -> None:
-            loop.call_soon_threadsafe(on_tokens, ids)
+            relay.call(on_tokens, ids)
 
         return await self._on_engine(self._generate(list(prompt_ids), params, min(params.max_tokens, room), request_id,
                                                     tell))
@@ -256,6 +254,9 @@ class VLLMEngine(InferenceEngine):
             ignore_eos=params.ignore_eos,
             logprobs=0,
             output_kind=RequestOutputKind.DELTA,
+            # vLLM sends a request's first token at once, then every stream_interval tokens, and the rest at its end.
+            # A whole answer needs no steps between: two output objects in this process instead of one per token.
+            stream_interval=max_tokens if tell is None else params.stream_interval,
         )
         token_ids: list[int] = []
         logprobs: list[float] = []

@@ -381,6 +381,23 @@ async def test_bad_requests_get_openai_errors_and_leave_the_session_unchanged(ti
         await gw.stop()
 
 
+async def test_stream_interval_reaches_the_engine_and_a_bad_one_is_named(tiny_tok):
+    """``stream_interval`` is the engine's to apply (vLLM's interval; tests/inference/test_engine.py and
+    test_gateway_engine.py): the gateway hands it with every request, streamed or not."""
+    with pytest.raises(ValueError, match="stream_interval must be >= 1, got 0"):
+        GatewayConfig(stream_interval=0).validate()
+    gw, eng = await serve(tiny_tok, ["ok<eos>"], cfg=GatewayConfig(port=0, stream_interval=8))
+    try:
+        c = client(gw, "si")
+        kw = dict(model="tiny", messages=[{"role": "user", "content": "x"}])
+        await c.chat.completions.create(**kw)
+        assert "".join([d.delta.content or "" async for ch in await c.chat.completions.create(stream=True, **kw)
+                        for d in ch.choices]) == "ok"
+        assert [call["params"].stream_interval for call in eng.calls] == [8, 8]
+    finally:
+        await gw.stop()
+
+
 async def test_api_key_and_bind_rules(tiny_tok):
     with pytest.raises(ValueError, match="api_key"):
         GatewayConfig(host="0.0.0.0").validate()

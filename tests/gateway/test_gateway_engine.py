@@ -161,6 +161,21 @@ async def test_streams_token_by_token_across_a_weight_update_and_a_hang_up(engin
         assert not engine._llm.output_processor.has_unfinished_requests()
 
 
+async def test_a_stream_interval_sends_its_tokens_in_fewer_deltas_with_the_same_text(engine, tok):
+    """``stream_interval: 8``: 64 greedy tokens reach the client in at most 1 + 8 content deltas (the first token at
+    once, then 8 at a time; one more where the parser held a tail back to the end), with the whole reply's text."""
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Tell me a long story."}], max_tokens=64,
+              temperature=0.0, extra_body={"ignore_eos": True})
+    async with Gateway(engine, tok, GatewayConfig(port=0, stream_interval=8), model_name="tiny") as gw, \
+            openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0) as c:
+        whole = (await c.chat.completions.create(extra_headers={"X-Agentrl-Session": "w"}, **kw)).choices[0]
+        deltas = [d.delta.content async for ch in await c.chat.completions.create(
+            stream=True, extra_headers={"X-Agentrl-Session": "s"}, **kw) for d in ch.choices if d.delta.content]
+        assert "".join(deltas) == whole.message.content
+        assert 1 < len(deltas) <= 10, deltas
+        assert gw.store.sessions["s"].token_record().token_ids == gw.store.sessions["w"].token_record().token_ids
+
+
 async def test_anthropic_client_multi_turn_tools_stream_and_not(engine, tok, trainer):
     """The same record through Anthropic's Messages dialect (the official ``anthropic`` client): the session's tokens
     are the gateway's rendering plus what the engine sampled, with the engine's log-probs and versions."""

@@ -124,6 +124,63 @@ async def test_many_concurrent_requests(engine, tok):
     assert [len(g.token_ids) for g in gens] == [8 + i % 5 for i in range(48)]
 
 
+class OutputCounter:
+    """Counts the output objects AsyncLLM yields for each request (``with OutputCounter(engine) as n: ...``)."""
+
+    def __init__(self, engine):
+        self.llm, self.counts = engine._llm, {}
+
+    def __enter__(self):
+        self.orig = orig = self.llm.generate
+
+        def generate(prompt, params, request_id, *args, **kwargs):
+            stream = orig(prompt, params, request_id, *args, **kwargs)
+
+            async def counted():
+                async for out in stream:
+                    self.counts[request_id] = self.counts.get(request_id, 0) + 1
+                    yield out
+
+            return counted()
+
+        self.llm.generate = generate
+        return self.counts
+
+    def __exit__(self, *exc):
+        self.llm.generate = self.orig
+
+
+async def test_a_whole_answer_is_not_relayed_token_by_token(engine, tok):
+    """A request nobody streams comes back in two output objects (its first token, then the rest at its end), not
+    one per engine step: each one costs this process a task wake-up and a hand-over to the caller's loop."""
+    with OutputCounter(engine) as counts:
+        gen = await engine.generate(_prompt(tok), SamplingParams(max_tokens=24, ignore_eos=True, seed=3),
+                                    request_id="eng-whole")
+    assert len(gen.token_ids) == len(gen.logprobs) == len(gen.versions) == 24
+    assert all(math.isfinite(lp) for lp in gen.logprobs)
+    assert counts["eng-whole"] <= 2
+
+
+async def test_streamed_ids_come_first_at_once_then_stream_interval_at_a_time(engine, tok):
+    """``stream_interval`` k: the first id is told as soon as it is sampled, then k at a time, the rest at the end
+    (at most 4 tellings of 13 ids for k = 4; fewer when this loop is slow, as vLLM merges the steps a caller has
+    not read yet); what was told is the generation, with the same tokens and log-probs as the same seeded request
+    unstreamed."""
+    p, told = _prompt(tok), []
+    for k in (4, 1):
+        told.clear()
+        params = SamplingParams(max_tokens=13, ignore_eos=True, seed=5, stream_interval=k)
+        gen = await engine.generate_streaming(p, params, request_id=f"eng-interval-{k}", on_tokens=told.append)
+        assert len(gen.token_ids) == 13 and (k == 1 or len(told) <= 4)
+        assert [i for t in told for i in t] == gen.token_ids
+        whole = await engine.generate(p, params, request_id=f"eng-interval-whole-{k}")
+        assert whole.token_ids == gen.token_ids
+        assert max(abs(a - b) for a, b in zip(whole.logprobs, gen.logprobs)) < 1e-5
+    with pytest.raises(ValueError, match="stream_interval must be >= 1"):
+        await engine.generate_streaming(p, SamplingParams(stream_interval=0), request_id="eng-interval-0",
+                                        on_tokens=told.append)
+
+
 async def test_seeded_prompts_over_one_steps_token_budget_do_not_kill_the_engine(engine, tok):
     """vLLM splits prefills that do not fit one step's token budget (2,048 on the CPU) and then rewinds each split
     request's generator by an offset, which torch's CPU generator does not have: one seeded request in a split step

@@ -310,3 +310,21 @@ async def test_streaming_tells_each_chunk_as_the_server_sends_it():
         assert told == [[21, 22], [23]] and gen.token_ids == [21, 22, 23] and gen.versions == [2, 2, 2]
         with pytest.raises(RemoteEngineError, match="cut after 2 streamed tokens"):
             await eng.generate_streaming([1, 2], SamplingParams(max_tokens=3), request_id="cut", on_tokens=told.append)
+
+
+async def test_the_server_is_asked_for_the_chunks_the_caller_reads():
+    """vLLM's ``stream_interval``: a whole answer is asked in one chunk after its first token (``max_tokens``), a
+    streamed one in the caller's interval; the default interval sends no field (every step, the server's default)."""
+    bodies = []
+
+    async def rest(body):
+        bodies.append(body)
+        return _sse_chunk([12, 13], final=True)
+
+    async with _fake_server([11], rest) as eng:
+        await eng.generate([1, 2], SamplingParams(max_tokens=3), request_id="whole")
+        await eng.generate_streaming([1, 2], SamplingParams(max_tokens=3, stream_interval=2), request_id="two",
+                                     on_tokens=lambda ids: None)
+        await eng.generate_streaming([1, 2], SamplingParams(max_tokens=3), request_id="each",
+                                     on_tokens=lambda ids: None)
+    assert [b["sampling_params"].get("stream_interval") for b in bodies] == [3, 2, None]
