@@ -76,6 +76,35 @@ async def test_stop_token_ends_generation_and_is_returned(engine, tok):
     assert gen.stop_reason == stop_tok
 
 
+async def test_text_is_decoded_only_for_requests_with_stop_strings(engine, tok):
+    """vLLM decodes each sampled token's text for its log-prob entry and its incremental detokenizer unless asked not
+    to; ids and log-probs are all this engine returns, so only a request with stop strings (matched on text) pays
+    for it. A stop string still ends generation where its text appears."""
+    p = _prompt(tok)
+    seen = {}
+    orig = engine._llm.output_processor.add_request
+
+    def add_request(request, *args, **kwargs):
+        seen[request.request_id] = request.sampling_params.detokenize
+        return orig(request, *args, **kwargs)
+
+    engine._llm.output_processor.add_request = add_request
+    try:
+        free = await engine.generate(p, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                                     request_id="eng-text-a")
+        text = tok.decode(free.token_ids)
+        stop = text[len(text) // 2:][:3]
+        assert stop.strip()
+        gen = await engine.generate(p, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[stop]),
+                                    request_id="eng-text-b")
+    finally:
+        engine._llm.output_processor.add_request = orig
+    assert sorted(seen.values()) == [False, True]  # the request without stop strings asked for no text
+    assert gen.finish_reason == "stop" and gen.token_ids == free.token_ids[: len(gen.token_ids)]
+    assert len(gen.token_ids) < 16 and stop in tok.decode(gen.token_ids) + str(gen.stop_reason)
+    assert all(math.isfinite(lp) for lp in free.logprobs + gen.logprobs)
+
+
 async def test_max_tokens_clamped_to_context_and_overlong_prompt_rejected(engine, tok):
     n = engine.max_model_len - 5
     prompt = (_prompt(tok) * (n // len(_prompt(tok)) + 1))[:n]
