@@ -275,6 +275,8 @@ class RemoteEngine(InferenceEngine):
             sp["stream_interval"] = interval
         if params.stop:
             sp["stop"] = list(params.stop)
+        else:  # text only to match stop strings: the server decodes none (output_mode "tokens" needs none)
+            sp["detokenize"] = False
         if params.stop_token_ids:
             sp["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:

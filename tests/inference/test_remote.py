@@ -312,7 +312,7 @@ async def test_streaming_tells_each_chunk_as_the_server_sends_it():
             await eng.generate_streaming([1, 2], SamplingParams(max_tokens=3), request_id="cut", on_tokens=told.append)
 
 
-async def test_the_server_is_asked_for_the_chunks_the_caller_reads():
+async def test_the_server_is_asked_for_the_chunks_and_the_text_the_caller_reads():
     """vLLM's ``stream_interval``: a whole answer is asked in one chunk after its first token (``max_tokens``), a
     streamed one in the caller's interval; the default interval sends no field (every step, the server's default)."""
     bodies = []
@@ -327,4 +327,7 @@ async def test_the_server_is_asked_for_the_chunks_the_caller_reads():
                                      on_tokens=lambda ids: None)
         await eng.generate_streaming([1, 2], SamplingParams(max_tokens=3), request_id="each",
                                      on_tokens=lambda ids: None)
-    assert [b["sampling_params"].get("stream_interval") for b in bodies] == [3, 2, None]
+        await eng.generate([1, 2], SamplingParams(max_tokens=3, stop=["x"]), request_id="stop")
+    assert [b["sampling_params"].get("stream_interval") for b in bodies] == [3, 2, None, 3]
+    # text is decoded by the server only where stop strings need it
+    assert [b["sampling_params"].get("detokenize", True) for b in bodies] == [False, False, False, True]
