@@ -353,16 +353,19 @@ async def test_mini_swe_agent_runs_unmodified_and_its_session_trains(engine, tok
 
         # The agent's own loop and model class, configured as a user points it at a local OpenAI-compatible server.
         # The tiny model writes no ```mswea_bash_command``` block, so the action regex takes its first 40 characters
-        # as the command (garbage, run in the sandbox).
+        # as the command (garbage, run in the sandbox). ignore_eos: fewer replies with no text for a command.
         model = LitellmTextbasedModel(model_name=f"openai/{ctx.model}", cost_tracking="ignore_errors",
                                       action_regex=r"\A(.{1,40})",
                                       model_kwargs={"api_base": ctx.base_url, "api_key": ctx.api_key,
-                                                    "max_tokens": 16, "temperature": 1.0})
+                                                    "max_tokens": 16, "temperature": 1.0,
+                                                    "extra_body": {"ignore_eos": True}})
         shell = SandboxShell(sandbox, loop)
         shells.append(shell)
         agent = DefaultAgent(model, shell, system_template="You are a shell agent. Reply with one command.",
                              instance_template="Task: {{task}}", step_limit=3, cost_limit=0)
-        return agent.run(str(ctx.task))
+        out = agent.run(str(ctx.task))
+        shell.format_errors = sum(m.get("extra", {}).get("interrupt_type") == "FormatError" for m in agent.messages)
+        return out
 
     async def harness(ctx):
         async with create_sandbox(SandboxSpec(backend="bwrap", image="agentrl-busybox:latest")) as sb:
@@ -382,7 +385,9 @@ async def test_mini_swe_agent_runs_unmodified_and_its_session_trains(engine, tok
         assert t.termination == "terminated", t.error
         assert t.info["exit_status"] == "LimitsExceeded" and t.info["probe"].startswith("sandboxed\n1000")
         assert t.info["gateway/requests"] == 3 and t.num_turns == 4
-    assert all(len(s.executed) == 3 for s in shells)  # every step's command ran in the sandbox
+    assert all(len(g.token_ids) == 16 for _, g in eng.record)  # ignore_eos reached the engine through litellm
+    # every step's command ran in the sandbox (a reply with no text left for a command is the agent's format error)
+    assert all(len(s.executed) + s.format_errors == 3 and s.executed for s in shells)
     sampled = [(t, lp, v) for _, g in eng.record for t, lp, v in zip(g.token_ids, g.logprobs, g.versions)]
     got = [(x, lp, v) for t in trajs for x, m, lp, v in zip(t.token_ids, t.loss_mask, t.logprobs, t.versions) if m]
     assert sorted(got) == sorted(sampled)  # 100 % of the sampled tokens, across both sessions
